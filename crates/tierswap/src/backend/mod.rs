@@ -1,0 +1,3 @@
+//! Backends: where a swapped page's bytes live.
+pub mod compress;
+pub mod pool;

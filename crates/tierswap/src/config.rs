@@ -1,0 +1,270 @@
+//! What a user chooses: budget, tiers, compressor, region hints; and the parsers for them.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// The smallest budget a pager accepts: room for its fault threads' in-flight pages,
+/// one inactive batch and the pool's first spans. Below this reclaim cannot keep up.
+pub const MIN_BUDGET_BYTES: u64 = 4 << 20;
+
+/// How a region will be accessed (the `madvise` hint analogue); steers large swap-in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum Hint {
+    /// No hint: large swap-in needs locality evidence.
+    #[default]
+    Normal,
+    /// MADV_SEQUENTIAL: large swap-in admitted.
+    Sequential,
+    /// MADV_RANDOM: large swap-in vetoed.
+    Random,
+}
+
+/// The compressor of the in-memory pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Compressor {
+    /// LZ4 block format (lz4_flex): fast, ratio ~2 on typical heaps. The default.
+    Lz4,
+    /// Zstandard at the given level: better ratio, slower decompression.
+    Zstd {
+        /// Compression level (1 is fastest).
+        level: i32,
+    },
+}
+
+impl Default for Compressor {
+    fn default() -> Self {
+        Compressor::Lz4
+    }
+}
+
+impl std::str::FromStr for Compressor {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        let s = s.trim().to_ascii_lowercase();
+        match s.as_str() {
+            "lz4" => Ok(Compressor::Lz4),
+            "zstd" => Ok(Compressor::Zstd { level: 1 }),
+            _ => match s.strip_prefix("zstd:").or_else(|| s.strip_prefix("zstd-")) {
+                Some(level) => level
+                    .parse::<i32>()
+                    .ok()
+                    .filter(|l| (1..=19).contains(l))
+                    .map(|level| Compressor::Zstd { level })
+                    .ok_or_else(|| ConfigError::Compressor(s.clone())),
+                None => Err(ConfigError::Compressor(s.clone())),
+            },
+        }
+    }
+}
+
+/// Which tiers a pager may use, top (fastest) to bottom.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Tiers {
+    /// Zero and same-filled pages stored in the swap entry itself.
+    pub zero: bool,
+    /// The compressed in-memory pool.
+    pub pool: bool,
+    /// The disk file (unlinked, 0600) below the pool.
+    pub file: bool,
+}
+
+impl Default for Tiers {
+    fn default() -> Self {
+        Tiers { zero: true, pool: true, file: true }
+    }
+}
+
+impl std::str::FromStr for Tiers {
+    type Err = ConfigError;
+    /// Parses a comma-separated list such as `zero,pool,file`.
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        let mut t = Tiers { zero: false, pool: false, file: false };
+        for word in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            match word {
+                "zero" => t.zero = true,
+                "pool" => t.pool = true,
+                "file" => t.file = true,
+                other => return Err(ConfigError::Tier(other.to_string())),
+            }
+        }
+        if !t.pool && !t.file {
+            return Err(ConfigError::NoStorageTier(s.to_string()));
+        }
+        Ok(t)
+    }
+}
+
+/// Everything a [`crate::Pager`] is built from. `Default` serves on one machine with no setup.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PagerConfig {
+    /// The memory budget: present + staged pages + pool bytes + metadata stay under it.
+    pub budget_bytes: u64,
+    /// Which tiers may hold swapped pages.
+    pub tiers: Tiers,
+    /// The pool's compressor.
+    pub compressor: Compressor,
+    /// Most bytes the pool may hold before writeback to the file tier; `None` picks
+    /// half the budget (see [`PagerConfig::pool_max_bytes`]).
+    pub pool_max_bytes: Option<u64>,
+    /// Directory of the swap file; `None` means `$TMPDIR` (or /tmp).
+    pub swap_dir: Option<PathBuf>,
+    /// Fault threads reading the userfaultfd; 0 means one per CPU.
+    pub fault_threads: usize,
+}
+
+impl Default for PagerConfig {
+    fn default() -> Self {
+        PagerConfig {
+            budget_bytes: 256 << 20,
+            tiers: Tiers::default(),
+            compressor: Compressor::default(),
+            pool_max_bytes: None,
+            swap_dir: None,
+            fault_threads: 0,
+        }
+    }
+}
+
+impl PagerConfig {
+    /// The pool limit in force. Default: half the budget. zswap's default is 20 % of RAM,
+    /// but here the pool is inside the budget: a pool too small sends warm pages to disk,
+    /// one too large leaves no room for the working set; half keeps refaults in memory for
+    /// data compressing 2:1 up to the budget's size again.
+    pub fn pool_max_bytes(&self) -> u64 {
+        match self.pool_max_bytes {
+            Some(b) => b.min(self.budget_bytes),
+            None if !self.tiers.file => self.budget_bytes,
+            None => self.budget_bytes / 2,
+        }
+    }
+
+    /// The swap file's directory in force.
+    pub fn swap_dir(&self) -> PathBuf {
+        self.swap_dir.clone().unwrap_or_else(std::env::temp_dir)
+    }
+
+    /// Checks the configuration, saying what to change when it cannot work.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.budget_bytes < MIN_BUDGET_BYTES {
+            return Err(ConfigError::BudgetTooSmall { budget_bytes: self.budget_bytes });
+        }
+        if !self.tiers.pool && !self.tiers.file {
+            return Err(ConfigError::NoStorageTier(format!("{:?}", self.tiers)));
+        }
+        Ok(())
+    }
+}
+
+/// A configuration value that cannot be used.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// A size like `512M` did not parse.
+    #[error("cannot parse size '{0}': use a number with an optional K, M, G or T suffix (powers of 1024), e.g. 512M")]
+    Size(String),
+    /// The budget is below [`MIN_BUDGET_BYTES`].
+    #[error("budget {budget_bytes} bytes is below the minimum of 4M the pager needs (fault threads' in-flight pages, one inactive batch, the pool's first spans): give --budget 4M or more")]
+    BudgetTooSmall {
+        /// The budget asked for.
+        budget_bytes: u64,
+    },
+    /// An unknown tier name.
+    #[error("unknown tier '{0}': tiers are zero, pool and file, comma-separated")]
+    Tier(String),
+    /// Neither pool nor file: nowhere to put a page.
+    #[error("tiers '{0}' have nowhere to store a page: include pool or file")]
+    NoStorageTier(String),
+    /// An unknown compressor.
+    #[error("unknown compressor '{0}': use lz4, zstd or zstd:LEVEL (1-19)")]
+    Compressor(String),
+}
+
+/// Parses a size: a decimal number with an optional suffix K, M, G, T (powers of 1024,
+/// case-insensitive, an optional trailing `B` or `iB`), or a plain byte count.
+pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
+    let err = || ConfigError::Size(s.to_string());
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let body = lower.strip_suffix("ib").or_else(|| lower.strip_suffix('b')).unwrap_or(&lower);
+    let (num, shift) = match body.chars().last() {
+        Some('k') => (&body[..body.len() - 1], 10),
+        Some('m') => (&body[..body.len() - 1], 20),
+        Some('g') => (&body[..body.len() - 1], 30),
+        Some('t') => (&body[..body.len() - 1], 40),
+        _ => (body, 0),
+    };
+    let num = num.trim();
+    if num.is_empty() || !num.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return Err(err());
+    }
+    if num.contains('.') {
+        let v: f64 = num.parse().map_err(|_| err())?;
+        let bytes = v * (1u64 << shift) as f64;
+        if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+            return Err(err());
+        }
+        return Ok(bytes.round() as u64);
+    }
+    let v: u64 = num.parse().map_err(|_| err())?;
+    v.checked_mul(1u64 << shift).ok_or_else(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1K"), Ok(1024));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("2T"), Ok(2 << 40));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("G").is_err());
+        assert!(parse_size("-1M").is_err());
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("99999999999999999999T").is_err());
+    }
+
+    #[test]
+    fn tiers_and_compressors() {
+        assert_eq!("zero,pool".parse::<Tiers>(), Ok(Tiers { zero: true, pool: true, file: false }));
+        assert!("zero".parse::<Tiers>().is_err());
+        assert!("zero,disk".parse::<Tiers>().is_err());
+        assert_eq!("zstd:3".parse::<Compressor>(), Ok(Compressor::Zstd { level: 3 }));
+        assert!("zstd:99".parse::<Compressor>().is_err());
+        assert!("gzip".parse::<Compressor>().is_err());
+    }
+
+    #[test]
+    fn budget_minimum() {
+        let c = PagerConfig { budget_bytes: 1 << 20, ..Default::default() };
+        assert!(matches!(c.validate(), Err(ConfigError::BudgetTooSmall { .. })));
+        assert!(PagerConfig::default().validate().is_ok());
+    }
+
+    proptest! {
+        #[test]
+        fn size_parser_never_panics(s in ".{0,24}") {
+            let _ = parse_size(&s);
+        }
+
+        #[test]
+        fn size_round_trip(v in 0u64..(1 << 40), suffix in 0usize..4) {
+            let (text, want) = match suffix {
+                0 => (format!("{v}"), Some(v)),
+                1 => (format!("{v}K"), v.checked_mul(1 << 10)),
+                2 => (format!("{v}M"), v.checked_mul(1 << 20)),
+                _ => (format!("{v}G"), v.checked_mul(1 << 30)),
+            };
+            match want {
+                Some(w) => prop_assert_eq!(parse_size(&text), Ok(w)),
+                None => prop_assert!(parse_size(&text).is_err()),
+            }
+        }
+    }
+}

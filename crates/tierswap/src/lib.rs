@@ -1,0 +1,32 @@
+//! tierswap: a userspace swap stack for application memory, on userfaultfd.
+//!
+//! A [`Pager`] hands out [`Region`]s: ordinary anonymous memory that tierswap keeps
+//! under a memory budget by moving cold pages to tiers (zero / same-filled, a compressed
+//! in-memory pool, a checksummed disk file) and bringing them back on the next touch.
+//!
+//! Layers, top to bottom (each knows only the one below it):
+//! - [`pager`]: regions, the fault threads ([`fault`]) and the reclaim thread ([`reclaim`]);
+//! - [`pagetable`]: one [`pagetable::Pte`] word per 4 KiB page of a region;
+//! - [`swap`]: the virtual swap space: slots in clusters of 512, one
+//!   [`swap::SwapEntry`] word per slot saying which backend holds the bytes;
+//! - [`backend`]: zero / same-filled (no storage), the compressed pool, the file;
+//! - [`policy`]: pure decisions over the state above (aging, admission), no syscalls;
+//! - [`uffd`]: the userfaultfd calls, safe wrappers, no decisions.
+#![deny(missing_docs)]
+
+pub mod backend;
+pub mod config;
+pub mod fault;
+pub mod page;
+pub mod pagetable;
+pub mod pager;
+pub mod policy;
+pub mod reclaim;
+pub mod stats;
+pub mod swap;
+pub mod sys;
+pub mod uffd;
+
+pub use config::{parse_size, Compressor, Hint, PagerConfig, Tiers};
+pub use pager::{Error, Pager, Region, Result};
+pub use stats::Stats;

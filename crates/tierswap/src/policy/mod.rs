@@ -1,0 +1,1 @@
+//! Policies: pure decisions over the engine's state, no system calls.

@@ -1,0 +1,227 @@
+//! Counters, named as in /proc/vmstat and memory.stat so an mm person greps for what they know.
+//!
+//! [`Counters`] is the live, lock-free set the paths bump; [`Stats`] is a snapshot of it
+//! (plus gauges the pager computes), readable as a struct and as JSON.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::Serialize;
+
+/// Buckets of the fault latency histogram: bucket `i` counts faults that took
+/// `[2^i, 2^(i+1))` µs (bucket 0 also takes 0 µs); the last bucket takes everything above.
+pub const LATENCY_BUCKETS: usize = 24;
+
+macro_rules! counters {
+    ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
+        /// The live event counters, bumped with relaxed atomics on the paths.
+        #[derive(Default, Debug)]
+        pub struct Counters {
+            $( $(#[$doc])* pub $name: AtomicU64, )*
+            /// Fault latency histogram, see [`LATENCY_BUCKETS`].
+            pub fault_latency_us: [AtomicU64; LATENCY_BUCKETS],
+        }
+
+        /// Event counters at one instant.
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+        pub struct CounterSnapshot {
+            $( $(#[$doc])* pub $name: u64, )*
+        }
+
+        impl Counters {
+            /// Reads every counter.
+            pub fn snapshot(&self) -> CounterSnapshot {
+                CounterSnapshot { $( $name: self.$name.load(Relaxed), )* }
+            }
+        }
+
+        impl CounterSnapshot {
+            /// `(name, value)` for every counter, in declaration order.
+            pub fn pairs(&self) -> Vec<(&'static str, u64)> {
+                vec![ $( (stringify!($name), self.$name), )* ]
+            }
+        }
+    };
+}
+
+counters! {
+    /// Pages read back from the file tier.
+    pswpin,
+    /// Pages written to the file tier (incompressible pages and pool writeback).
+    pswpout,
+    /// Pages decompressed from the pool.
+    zswpin,
+    /// Pages compressed into the pool.
+    zswpout,
+    /// Pool objects written back to the file tier.
+    zswpwb,
+    /// Zero pages swapped in (no storage read).
+    swpin_zero,
+    /// Zero pages swapped out (no storage used).
+    swpout_zero,
+    /// Same-filled pages swapped in.
+    swpin_samefill,
+    /// Same-filled pages swapped out.
+    swpout_samefill,
+    /// Swap-ins of more than one page in one call.
+    swpin_large,
+    /// Pages a large swap-in admitted but served order-0 (backend changed meanwhile).
+    swpin_large_fallback,
+    /// Pages read ahead from the file tier.
+    swap_ra,
+    /// Read-ahead pages touched afterwards.
+    swap_ra_hit,
+    /// Refaults of pages evicted recently enough to count as working set.
+    workingset_refault,
+    /// Refaulted pages activated at once.
+    workingset_activate,
+    /// Pages that did not compress below 3/4 of a page.
+    pool_reject_incompressible,
+    /// Incompressible pages kept raw in the pool because no file tier could take them.
+    pool_stored_raw,
+    /// Checksum mismatches on file reads (never returned as data).
+    checksum_errors,
+    /// Failed file writes (data kept in the pool).
+    writeback_errors,
+    /// Failed file reads (the faulting thread gets SIGBUS).
+    read_errors,
+    /// Units (one write each) written to the file tier.
+    file_writes,
+    /// Bytes written to the file tier.
+    file_write_bytes,
+    /// Page faults served.
+    faults,
+    /// First-touch faults (no data yet).
+    faults_first_touch,
+    /// Faults served by moving a staged page back.
+    faults_staged,
+    /// Faults served from a swap slot.
+    faults_swapped,
+    /// Pages moved to the inactive list (staging).
+    pgdeactivate,
+    /// Staged pages moved back on a touch (inactive refault).
+    pgactivate,
+    /// Staged pages evicted to a backend.
+    pgsteal,
+    /// Faults that waited for reclaim to bring the footprint under the budget.
+    throttled_faults,
+    /// Times reclaim could not bring the footprint under budget (nothing left to evict).
+    over_budget_events,
+    /// Highest footprint seen by the pager's own sampling.
+    footprint_max,
+}
+
+impl Counters {
+    /// Adds one fault of `us` microseconds to the latency histogram.
+    pub fn record_fault_latency(&self, us: u64) {
+        let bucket = (64 - us.leading_zeros() as usize).saturating_sub(1).min(LATENCY_BUCKETS - 1);
+        self.fault_latency_us[bucket].fetch_add(1, Relaxed);
+    }
+
+    /// Raises `footprint_max` to `bytes` if it is higher.
+    pub fn note_footprint(&self, bytes: u64) {
+        self.footprint_max.fetch_max(bytes, Relaxed);
+    }
+
+    /// Histogram counts per bucket.
+    pub fn latency_histogram(&self) -> Vec<u64> {
+        self.fault_latency_us.iter().map(|b| b.load(Relaxed)).collect()
+    }
+}
+
+/// A pager's state at one instant: counters and gauges.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct Stats {
+    /// Event counters.
+    pub counters: CounterSnapshot,
+    /// The budget.
+    pub budget: u64,
+    /// What counts against the budget now: present + staged pages, pool, metadata.
+    pub footprint: u64,
+    /// Pages mapped in regions.
+    pub present_pages: u64,
+    /// Pages on the inactive list (staged).
+    pub staged_pages: u64,
+    /// Slots in use in the virtual swap space, all backends.
+    pub swap_slots: u64,
+    /// Slots holding zero pages.
+    pub swap_zero_pages: u64,
+    /// Slots holding same-filled pages.
+    pub swap_samefill_pages: u64,
+    /// Compressed bytes the pool holds (objects only).
+    pub pool_stored_bytes: u64,
+    /// Bytes the pool occupies (spans, counted against the budget).
+    pub pool_total_size: u64,
+    /// Pages in the pool.
+    pub pool_stored_pages: u64,
+    /// Pages in the file tier.
+    pub file_pages: u64,
+    /// Blocks (4 KiB) the file tier occupies.
+    pub file_blocks: u64,
+    /// Live bytes in the file tier.
+    pub file_bytes: u64,
+    /// Engine metadata bytes (ptes, swap tables, cluster headers, pool span headers).
+    pub metadata_bytes: u64,
+    /// Fault latency histogram (µs), see [`LATENCY_BUCKETS`].
+    pub fault_latency_us: Vec<u64>,
+}
+
+impl Stats {
+    /// The snapshot as a JSON object.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The `p`-th percentile (0..=100) of fault latency in µs: the upper edge of the
+    /// histogram bucket it falls in; 0 when no fault was recorded.
+    pub fn fault_latency_percentile_us(&self, p: f64) -> u64 {
+        let total: u64 = self.fault_latency_us.iter().sum();
+        if total == 0 {
+            return 0;
+        }
+        let rank = ((p / 100.0) * total as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, n) in self.fault_latency_us.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return 1u64 << (i + 1);
+            }
+        }
+        1u64 << LATENCY_BUCKETS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets() {
+        let c = Counters::default();
+        for us in [0, 1, 2, 3, 4, 1000, u64::MAX] {
+            c.record_fault_latency(us);
+        }
+        let h = c.latency_histogram();
+        assert_eq!(h[0], 2); // 0 and 1
+        assert_eq!(h[1], 2); // 2 and 3
+        assert_eq!(h[2], 1); // 4
+        assert_eq!(h[9], 1); // 1000 in [512, 1024)
+        assert_eq!(h[LATENCY_BUCKETS - 1], 1);
+        let s = Stats { fault_latency_us: h, ..Default::default() };
+        assert_eq!(s.fault_latency_percentile_us(50.0), 4);
+        assert_eq!(s.fault_latency_percentile_us(100.0), 1 << LATENCY_BUCKETS);
+    }
+
+    #[test]
+    fn snapshot_and_json() {
+        let c = Counters::default();
+        c.zswpout.fetch_add(3, Relaxed);
+        c.note_footprint(10);
+        c.note_footprint(5);
+        let s = c.snapshot();
+        assert_eq!(s.zswpout, 3);
+        assert_eq!(s.footprint_max, 10);
+        let st = Stats { counters: s, ..Default::default() };
+        assert_eq!(st.to_json()["counters"]["zswpout"], 3);
+        assert!(st.counters.pairs().iter().any(|&(n, v)| n == "zswpout" && v == 3));
+    }
+}

@@ -1,0 +1,1 @@
+//! The virtual swap space.

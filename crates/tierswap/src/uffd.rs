@@ -1,0 +1,6 @@
+//! (being written)
+
+/// Placeholder until the wrappers land.
+#[derive(Debug, thiserror::Error)]
+#[error("userfaultfd placeholder")]
+pub struct Error;
