@@ -1,12 +1,33 @@
 //! The pager: regions handed to the program, the userfaultfd they are registered with,
 //! the fault threads and the reclaim thread that keep the footprint under the budget.
+//!
+//! Each region is mapped twice: the program's range, and a mirror of the same length that
+//! only the pager touches (the staging area). Deactivating a page moves it, with
+//! UFFDIO_MOVE, to the same offset in the mirror: one atomic page-table change, no copy; a
+//! touch then faults and the page is moved back. Both ranges are registered with the one
+//! userfaultfd, as UFFDIO_MOVE requires of its destination.
+//!
+//! Lock order: a pte lock, then a swap entry lock. Reclaim only try-locks ptes, so it never
+//! waits on a fault thread; writeback takes entry locks only.
 
-use std::time::Duration;
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+use crate::backend::file::{FileTier, DEFAULT_UNIT_BYTES};
+use crate::backend::pool::Pool;
 use crate::config::{ConfigError, Hint, PagerConfig};
-use crate::stats::Stats;
+use crate::page::{pages_for, pages_to_bytes, PAGE_SIZE};
+use crate::pagetable::{PageTable, PteState};
+use crate::stats::{Counters, Stats};
+use crate::swap::{SwapSpace, Tag, DEFAULT_MAX_SLOTS};
+use crate::sys;
+use crate::uffd::{self, RegisterMode, Uffd};
 
 /// What can go wrong creating or using a pager.
 #[derive(Debug, Error)]
@@ -36,67 +57,441 @@ pub enum Error {
 /// The pager's `Result`.
 pub type Result<T> = std::result::Result<T, Error>;
 
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Io { what, source }
+}
+
+/// Largest region: 64 TiB.
+const MAX_REGION_BYTES: usize = 64 << 40;
+
+/// One managed range and its mirror.
+pub(crate) struct RegionInner {
+    pub(crate) id: u64,
+    /// First byte of the program's range.
+    pub(crate) start: usize,
+    /// First byte of the mirror (staging) range.
+    pub(crate) mirror: usize,
+    pub(crate) n_pages: usize,
+    pub(crate) hint: Hint,
+    pub(crate) ptes: PageTable,
+    /// CLOCK hand, in 64 KiB blocks.
+    pub(crate) clock_block: AtomicUsize,
+    /// Set when the region is being torn down: reclaim leaves it alone.
+    pub(crate) dead: AtomicBool,
+    /// Held by reclaim while it changes the region, and by teardown.
+    pub(crate) reclaim_lock: Mutex<()>,
+}
+
+impl RegionInner {
+    pub(crate) fn len_bytes(&self) -> usize {
+        pages_to_bytes(self.n_pages)
+    }
+
+    pub(crate) fn page_addr(&self, idx_page: usize) -> usize {
+        self.start + pages_to_bytes(idx_page)
+    }
+
+    pub(crate) fn mirror_addr(&self, idx_page: usize) -> usize {
+        self.mirror + pages_to_bytes(idx_page)
+    }
+}
+
+/// Where a faulting address is.
+pub(crate) enum Lookup {
+    /// In a region's program range, at this page.
+    Region(Arc<RegionInner>, usize),
+    /// In a region's mirror (only the pager touches mirrors).
+    Mirror,
+    /// Nowhere we manage (a region already gone).
+    Unknown,
+}
+
+/// The state every pager thread shares.
+pub(crate) struct Shared {
+    pub(crate) uffd: Uffd,
+    pub(crate) config: PagerConfig,
+    pub(crate) regions: RwLock<Vec<Arc<RegionInner>>>,
+    pub(crate) swap: SwapSpace,
+    pub(crate) pool: Pool,
+    pub(crate) file: Option<FileTier>,
+    pub(crate) counters: Counters,
+    pub(crate) present_pages: AtomicI64,
+    pub(crate) staged_pages: AtomicI64,
+    /// Engine metadata bytes, refreshed by reclaim (cheap to read on the fault path).
+    pub(crate) metadata_bytes: AtomicU64,
+    /// Staged 64 KiB blocks, oldest first: (region id, block index).
+    pub(crate) inactive: Mutex<VecDeque<(u64, usize)>>,
+    /// Reclaim's wake-up: set and notified by whoever wants reclaim to look now.
+    pub(crate) kick: (Mutex<bool>, Condvar),
+    /// Fault threads waiting for the footprint to drop under the budget.
+    pub(crate) room: (Mutex<u64>, Condvar),
+    pub(crate) shutdown: AtomicBool,
+    /// Reclaim is between passes with nothing to do.
+    pub(crate) reclaim_idle: AtomicBool,
+    pub(crate) next_region_id: AtomicU64,
+    /// Written to stop the fault threads' poll.
+    pub(crate) stop_fd: OwnedFd,
+    pub(crate) warned_over_budget: AtomicBool,
+}
+
+impl Shared {
+    /// The footprint: present + staged pages, pool spans, one file unit buffer, metadata.
+    pub(crate) fn footprint_bytes(&self) -> u64 {
+        let pages = self.present_pages.load(Ordering::Relaxed) + self.staged_pages.load(Ordering::Relaxed);
+        let file_buf = if self.file.is_some() { DEFAULT_UNIT_BYTES as u64 } else { 0 };
+        pages.max(0) as u64 * PAGE_SIZE as u64
+            + self.pool.total_bytes()
+            + file_buf
+            + self.metadata_bytes.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn budget(&self) -> u64 {
+        self.config.budget_bytes
+    }
+
+    /// Reclaim starts above this…
+    pub(crate) fn high_watermark(&self) -> u64 {
+        self.budget() - self.budget() / 32
+    }
+
+    /// …and stops below this.
+    pub(crate) fn low_watermark(&self) -> u64 {
+        self.budget() - self.budget() / 12
+    }
+
+    pub(crate) fn kick_reclaim(&self) {
+        let (m, cv) = &self.kick;
+        let mut k = m.lock().unwrap_or_else(|e| e.into_inner());
+        if !*k {
+            *k = true;
+            cv.notify_one();
+        }
+    }
+
+    pub(crate) fn lookup(&self, addr: usize) -> Lookup {
+        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        for r in regions.iter() {
+            if addr >= r.start && addr < r.start + r.len_bytes() {
+                return Lookup::Region(r.clone(), (addr - r.start) / PAGE_SIZE);
+            }
+            if addr >= r.mirror && addr < r.mirror + r.len_bytes() {
+                return Lookup::Mirror;
+            }
+        }
+        Lookup::Unknown
+    }
+
+    pub(crate) fn region_by_id(&self, id: u64) -> Option<Arc<RegionInner>> {
+        self.regions.read().unwrap_or_else(|e| e.into_inner()).iter().find(|r| r.id == id).cloned()
+    }
+
+    /// Recomputes the metadata gauge (reclaim calls this now and then).
+    pub(crate) fn refresh_metadata(&self) -> MetadataBreakdown {
+        let pte_bytes: u64 = self
+            .regions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|r| (r.ptes.chunks_in_use() * PAGE_SIZE) as u64)
+            .sum();
+        let m = MetadataBreakdown {
+            pte_bytes,
+            swap_table_bytes: self.swap.table_bytes(),
+            cluster_header_bytes: self.swap.header_bytes(),
+            allocator_bytes: self.swap.allocator_bytes(),
+            pool_header_bytes: self.pool.metadata_bytes(),
+            file_index_bytes: self.file.as_ref().map_or(0, |f| f.metadata_bytes()),
+        };
+        self.metadata_bytes.store(m.total(), Ordering::Relaxed);
+        m
+    }
+}
+
+/// Engine metadata by kind, in bytes.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct MetadataBreakdown {
+    /// Pte chunks in use (8 B per page of regions' touched 2 MiB ranges).
+    pub pte_bytes: u64,
+    /// Swap table pages of clusters in use (8 B per slot).
+    pub swap_table_bytes: u64,
+    /// Cluster headers.
+    pub cluster_header_bytes: u64,
+    /// Allocator lists.
+    pub allocator_bytes: u64,
+    /// Pool span headers and class tables.
+    pub pool_header_bytes: u64,
+    /// File unit index.
+    pub file_index_bytes: u64,
+}
+
+impl MetadataBreakdown {
+    /// Everything.
+    pub fn total(&self) -> u64 {
+        self.pte_bytes
+            + self.swap_table_bytes
+            + self.cluster_header_bytes
+            + self.allocator_bytes
+            + self.pool_header_bytes
+            + self.file_index_bytes
+    }
+}
+
+/// Owns the threads; dropped when the pager and its last region are gone.
+struct Threads {
+    shared: Arc<Shared>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Threads {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a local u64 to our own eventfd.
+        unsafe {
+            libc::write(self.shared.stop_fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8);
+        }
+        self.shared.kick_reclaim();
+        {
+            let (_, cv) = &self.shared.room;
+            cv.notify_all();
+        }
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
 /// A tierswap pager. See the crate documentation.
 pub struct Pager {
-    _todo: (),
+    shared: Arc<Shared>,
+    threads: Arc<Threads>,
 }
 
 /// Memory managed by a [`Pager`]: use it like any other memory; dropping it frees every
 /// page and slot it holds.
 pub struct Region {
-    _todo: (),
+    inner: Arc<RegionInner>,
+    shared: Arc<Shared>,
+    _threads: Arc<Threads>,
 }
 
 impl Pager {
     /// Starts a pager: opens the userfaultfd, starts the fault and reclaim threads.
     pub fn new(config: PagerConfig) -> Result<Pager> {
         config.validate()?;
-        todo!()
+        let uffd = Uffd::new(uffd::features::MOVE, true)?;
+        let pool = Pool::new(config.budget_bytes as usize * 2 + (64 << 20))
+            .map_err(io_err("cannot reserve address space for the compressed pool"))?;
+        let file = if config.tiers.file {
+            let dir = config.swap_dir();
+            Some(FileTier::create(&dir, DEFAULT_UNIT_BYTES).map_err(io_err(format!(
+                "cannot create the swap file in {} (give --swap-dir a writable directory on a real filesystem, or leave out the file tier)",
+                dir.display()
+            )))?)
+        } else {
+            None
+        };
+        let n_fault = if config.fault_threads == 0 { sys::online_cpus() } else { config.fault_threads };
+        let swap = SwapSpace::new(DEFAULT_MAX_SLOTS, 1)
+            .map_err(io_err("cannot reserve address space for the swap table"))?;
+        // SAFETY: eventfd creates a new fd we own at once.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if efd < 0 {
+            return Err(Error::Io { what: "eventfd".into(), source: std::io::Error::last_os_error() });
+        }
+        // SAFETY: efd is a fresh fd nobody else owns.
+        let stop_fd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let shared = Arc::new(Shared {
+            uffd,
+            config,
+            regions: RwLock::new(Vec::new()),
+            swap,
+            pool,
+            file,
+            counters: Counters::default(),
+            present_pages: AtomicI64::new(0),
+            staged_pages: AtomicI64::new(0),
+            metadata_bytes: AtomicU64::new(0),
+            inactive: Mutex::new(VecDeque::new()),
+            kick: (Mutex::new(false), Condvar::new()),
+            room: (Mutex::new(0), Condvar::new()),
+            shutdown: AtomicBool::new(false),
+            reclaim_idle: AtomicBool::new(true),
+            next_region_id: AtomicU64::new(1),
+            stop_fd,
+            warned_over_budget: AtomicBool::new(false),
+        });
+        shared.refresh_metadata();
+        let mut handles = Vec::new();
+        for i in 0..n_fault {
+            let s = shared.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("tierswap-fault{i}"))
+                .spawn(move || crate::fault::fault_thread(s))
+                .map_err(io_err("cannot start a fault thread"))?;
+            handles.push(h);
+        }
+        let s = shared.clone();
+        handles.push(
+            std::thread::Builder::new()
+                .name("tierswap-reclaim".into())
+                .spawn(move || crate::reclaim::reclaim_thread(s))
+                .map_err(io_err("cannot start the reclaim thread"))?,
+        );
+        let threads = Arc::new(Threads { shared: shared.clone(), handles });
+        Ok(Pager { shared, threads })
     }
 
     /// Maps `len_bytes` (rounded up to pages) of anonymous memory managed by this pager.
     pub fn region(&self, len_bytes: usize, hint: Hint) -> Result<Region> {
-        let _ = (len_bytes, hint);
-        todo!()
+        if len_bytes == 0 || len_bytes > MAX_REGION_BYTES {
+            return Err(Error::RegionSize { len_bytes });
+        }
+        let n_pages = pages_for(len_bytes);
+        let len = pages_to_bytes(n_pages);
+        let start = sys::mmap_reserve(len).map_err(io_err(format!("cannot map a region of {len} bytes")))?;
+        let mirror = match sys::mmap_reserve(len) {
+            Ok(m) => m,
+            Err(e) => {
+                // SAFETY: just mapped, nobody refers to it.
+                let _ = unsafe { sys::munmap(start, len) };
+                return Err(io_err("cannot map the region's staging mirror")(e));
+            }
+        };
+        let undo = |e: Error| {
+            // SAFETY: both mappings are ours and unused.
+            unsafe {
+                let _ = sys::munmap(start, len);
+                let _ = sys::munmap(mirror, len);
+            }
+            e
+        };
+        for addr in [start, mirror] {
+            // SAFETY: our fresh mappings; NOHUGEPAGE keeps them at 4 KiB pages (MOVE of a
+            // huge page would split it anyway), DONTDUMP keeps the mirror out of core dumps.
+            unsafe {
+                let _ = sys::madvise(addr, len, libc::MADV_NOHUGEPAGE);
+            }
+        }
+        // SAFETY: as above.
+        let _ = unsafe { sys::madvise(mirror, len, libc::MADV_DONTDUMP) };
+        let mode = RegisterMode { missing: true, wp: false, minor: false };
+        self.shared.uffd.register(start, len, mode).map_err(|e| undo(e.into()))?;
+        if let Err(e) = self.shared.uffd.register(mirror, len, mode) {
+            let _ = self.shared.uffd.unregister(start, len);
+            return Err(undo(e.into()));
+        }
+        let ptes = PageTable::new(n_pages).map_err(|e| {
+            let _ = self.shared.uffd.unregister(start, len);
+            let _ = self.shared.uffd.unregister(mirror, len);
+            undo(io_err("cannot reserve the region's page table")(e))
+        })?;
+        let inner = Arc::new(RegionInner {
+            id: self.shared.next_region_id.fetch_add(1, Ordering::Relaxed),
+            start,
+            mirror,
+            n_pages,
+            hint,
+            ptes,
+            clock_block: AtomicUsize::new(0),
+            dead: AtomicBool::new(false),
+            reclaim_lock: Mutex::new(()),
+        });
+        self.shared.regions.write().unwrap_or_else(|e| e.into_inner()).push(inner.clone());
+        Ok(Region { inner, shared: self.shared.clone(), _threads: self.threads.clone() })
     }
 
     /// The configuration in force.
     pub fn config(&self) -> &PagerConfig {
-        todo!()
+        &self.shared.config
     }
 
     /// Counters and gauges now.
     pub fn stats(&self) -> Stats {
-        todo!()
+        stats_of(&self.shared)
+    }
+
+    /// Engine metadata now, by kind.
+    pub fn metadata(&self) -> MetadataBreakdown {
+        self.shared.refresh_metadata()
     }
 
     /// The footprint now: present + staged pages, pool spans, file write buffers, metadata.
     pub fn footprint_bytes(&self) -> u64 {
-        todo!()
+        let f = self.shared.footprint_bytes();
+        self.shared.counters.note_footprint(f);
+        f
+    }
+
+    /// Evicts every page of every region now, on the calling thread, regardless of the
+    /// budget (the lab's forced swap-out, tests). Pages touched meanwhile come back as usual.
+    /// Returns pages evicted.
+    pub fn evict_all(&self) -> usize {
+        crate::reclaim::evict_everything(&self.shared)
     }
 
     /// Waits until reclaim has brought the footprint under the budget and stopped, or
     /// `timeout` passes; says whether it settled.
     pub fn settle(&self, timeout: Duration) -> bool {
-        let _ = timeout;
-        todo!()
+        let deadline = Instant::now() + timeout;
+        self.shared.kick_reclaim();
+        loop {
+            let fp = self.footprint_bytes();
+            if fp <= self.shared.budget() && self.shared.reclaim_idle.load(Ordering::Acquire) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+fn stats_of(s: &Shared) -> Stats {
+    let metadata = s.refresh_metadata();
+    let footprint = s.footprint_bytes();
+    s.counters.note_footprint(footprint);
+    Stats {
+        counters: s.counters.snapshot(),
+        budget: s.budget(),
+        footprint,
+        present_pages: s.present_pages.load(Ordering::Relaxed).max(0) as u64,
+        staged_pages: s.staged_pages.load(Ordering::Relaxed).max(0) as u64,
+        swap_slots: s.swap.slots_in_use(),
+        swap_zero_pages: s.swap.count(Tag::Zero),
+        swap_samefill_pages: s.swap.count(Tag::SameFilled),
+        pool_stored_bytes: s.pool.stored_bytes(),
+        pool_total_size: s.pool.total_bytes(),
+        pool_stored_pages: s.swap.count(Tag::Pool),
+        file_pages: s.swap.count(Tag::File),
+        file_blocks: s.file.as_ref().map_or(0, |f| f.blocks()),
+        file_bytes: s.file.as_ref().map_or(0, |f| f.live_bytes()),
+        metadata_bytes: metadata.total(),
+        fault_latency_us: s.counters.latency_histogram(),
     }
 }
 
 impl Region {
     /// The first byte.
     pub fn as_ptr(&self) -> *mut u8 {
-        todo!()
+        self.inner.start as *mut u8
     }
 
     /// Length in bytes (a whole number of pages).
     pub fn len(&self) -> usize {
-        todo!()
+        self.inner.len_bytes()
     }
 
     /// Whether the region is empty (never: regions have at least one page).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The region's hint.
+    pub fn hint(&self) -> Hint {
+        self.inner.hint
     }
 
     /// The region as a byte slice.
@@ -105,4 +500,58 @@ impl Region {
         // `&mut self` makes this the only slice handed out through the region.
         unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len()) }
     }
+
+    /// The pages of this region in each state: (present, staged, swapped).
+    pub fn page_states(&self) -> (usize, usize, usize) {
+        let (mut p, mut st, mut sw) = (0, 0, 0);
+        for i in 0..self.inner.n_pages {
+            match self.inner.ptes.load(i).state() {
+                PteState::Present => p += 1,
+                PteState::Staged => st += 1,
+                PteState::Swapped => sw += 1,
+                PteState::None => {}
+            }
+        }
+        (p, st, sw)
+    }
 }
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let r = &self.inner;
+        let s = &self.shared;
+        r.dead.store(true, Ordering::SeqCst);
+        s.regions.write().unwrap_or_else(|e| e.into_inner()).retain(|x| x.id != r.id);
+        // Wait for reclaim to finish anything it started on this region.
+        let _guard = r.reclaim_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut present, mut staged) = (0i64, 0i64);
+        for i in 0..r.n_pages {
+            let old = r.ptes.lock(i);
+            match old.state() {
+                PteState::Present => present += 1,
+                PteState::Staged => staged += 1,
+                PteState::Swapped => crate::fault::put_slot(s, old.payload()),
+                PteState::None => {}
+            }
+            r.ptes.unlock(i, old, crate::pagetable::Pte::NONE);
+        }
+        s.present_pages.fetch_sub(present, Ordering::Relaxed);
+        s.staged_pages.fetch_sub(staged, Ordering::Relaxed);
+        let len = r.len_bytes();
+        let _ = s.uffd.unregister(r.start, len);
+        let _ = s.uffd.unregister(r.mirror, len);
+        // SAFETY: the region is out of the lookup list, reclaim is done with it, every pte
+        // is None; the program gave the range up by dropping the Region.
+        unsafe {
+            let _ = sys::munmap(r.start, len);
+            let _ = sys::munmap(r.mirror, len);
+        }
+        s.refresh_metadata();
+    }
+}
+
+// SAFETY: a Region is an owned mapping plus shared pager state that is itself Sync.
+unsafe impl Send for Region {}
+// SAFETY: &Region only hands out the pointer; touching the memory from several threads is
+// the program's business, as with any memory.
+unsafe impl Sync for Region {}

@@ -1,1 +1,389 @@
-//! (being written)
+//! The page table of a region: one [`Pte`] word per 4 KiB page.
+//!
+//! The words live in a virtual array reserved with MAP_NORESERVE, one 4 KiB page of it
+//! ("a chunk") per 512 ptes = 2 MiB of region. The kernel commits a chunk on its first
+//! write, so untouched parts of a region cost nothing: a 1 TiB region that touches 1 GiB
+//! pays for 512 chunks (2 MiB). A chunk whose ptes are all `None` is released with
+//! MADV_DONTNEED and reads back as `None` again; since the array is never unmapped while
+//! the region lives, a racing reader can never touch freed memory.
+//!
+//! Owns: pte words, their lock bits, per-chunk use counts. Calls: `crate::sys` only.
+
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+
+use crate::sys;
+
+/// Ptes per chunk (one 4 KiB page of ptes, mapping 2 MiB).
+pub const PTES_PER_CHUNK: usize = 512;
+
+/// Where a page is, as far as the pager knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PteState {
+    /// Never touched (or discarded): the next touch gets a zero page.
+    None,
+    /// Mapped in the region.
+    Present,
+    /// Moved to the staging mirror: off the program's page table, still in memory
+    /// (the inactive list; a touch moves it back without a copy).
+    Staged,
+    /// Evicted: its bytes are behind the swap slot in the payload.
+    Swapped,
+}
+
+/// A page table entry.
+///
+/// ```text
+///  63  62  61  60  59                                                 0
+/// +---+-------+---+----------------------------------------------------+
+/// | L | state | A |                   payload (60 bits)                |
+/// +---+-------+---+----------------------------------------------------+
+///  L       lock bit: the page is in transition; only the holder changes the pte
+///  state   0 None, 1 Present, 2 Staged, 3 Swapped
+///  A       active: the page was refaulted from the inactive list (workingset)
+///  payload Swapped: the swap slot id; otherwise 0
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Pte(u64);
+
+impl Pte {
+    const LOCK: u64 = 1 << 63;
+    const STATE_SHIFT: u32 = 61;
+    const STATE_MASK: u64 = 0b11 << Self::STATE_SHIFT;
+    const ACTIVE: u64 = 1 << 60;
+    /// Bits available for the payload.
+    pub const PAYLOAD_BITS: u32 = 60;
+    const PAYLOAD_MASK: u64 = (1 << Self::PAYLOAD_BITS) - 1;
+
+    /// The `None` pte (all bits zero, which is what an untouched chunk reads as).
+    pub const NONE: Pte = Pte(0);
+
+    /// A pte in `state` with `payload` (masked to 60 bits).
+    pub const fn new(state: PteState, payload: u64) -> Pte {
+        let s = match state {
+            PteState::None => 0,
+            PteState::Present => 1,
+            PteState::Staged => 2,
+            PteState::Swapped => 3,
+        };
+        Pte((s << Self::STATE_SHIFT) | (payload & Self::PAYLOAD_MASK))
+    }
+
+    /// A present pte.
+    pub const fn present() -> Pte {
+        Pte::new(PteState::Present, 0)
+    }
+
+    /// A staged pte.
+    pub const fn staged() -> Pte {
+        Pte::new(PteState::Staged, 0)
+    }
+
+    /// A swapped pte pointing at `slot`.
+    pub const fn swapped(slot: u64) -> Pte {
+        Pte::new(PteState::Swapped, slot)
+    }
+
+    /// The state.
+    pub const fn state(self) -> PteState {
+        match (self.0 & Self::STATE_MASK) >> Self::STATE_SHIFT {
+            0 => PteState::None,
+            1 => PteState::Present,
+            2 => PteState::Staged,
+            _ => PteState::Swapped,
+        }
+    }
+
+    /// The payload (the slot id of a swapped pte).
+    pub const fn payload(self) -> u64 {
+        self.0 & Self::PAYLOAD_MASK
+    }
+
+    /// Whether the lock bit is set.
+    pub const fn locked(self) -> bool {
+        self.0 & Self::LOCK != 0
+    }
+
+    /// Whether the active bit is set.
+    pub const fn active(self) -> bool {
+        self.0 & Self::ACTIVE != 0
+    }
+
+    /// This pte with the active bit set or cleared.
+    pub const fn with_active(self, active: bool) -> Pte {
+        if active {
+            Pte(self.0 | Self::ACTIVE)
+        } else {
+            Pte(self.0 & !Self::ACTIVE)
+        }
+    }
+
+    const fn with_lock(self) -> Pte {
+        Pte(self.0 | Self::LOCK)
+    }
+
+    const fn without_lock(self) -> Pte {
+        Pte(self.0 & !Self::LOCK)
+    }
+
+    /// The raw word.
+    pub const fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// From a raw word (every bit pattern is a valid pte).
+    pub const fn from_raw(raw: u64) -> Pte {
+        Pte(raw)
+    }
+}
+
+impl std::fmt::Debug for Pte {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pte({:?}", self.state())?;
+        if self.state() == PteState::Swapped {
+            write!(f, " slot {}", self.payload())?;
+        }
+        if self.active() {
+            write!(f, " A")?;
+        }
+        if self.locked() {
+            write!(f, " L")?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// Waits for a bit that another thread holds briefly: spin, then yield, then sleep.
+/// The holder may be doing a file read, so the wait must not burn a CPU for long.
+pub(crate) struct Backoff {
+    step: u32,
+}
+
+impl Backoff {
+    pub(crate) fn new() -> Backoff {
+        Backoff { step: 0 }
+    }
+
+    pub(crate) fn snooze(&mut self) {
+        if self.step < 64 {
+            std::hint::spin_loop();
+        } else if self.step < 128 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        self.step = self.step.saturating_add(1);
+    }
+}
+
+/// The ptes of one region.
+pub struct PageTable {
+    ptes: *const AtomicU64,
+    /// Non-`None` ptes per chunk.
+    used: *const AtomicU16,
+    n_pages: usize,
+    ptes_len_bytes: usize,
+    used_len_bytes: usize,
+}
+
+// SAFETY: the table is a pair of arrays of atomics in memory this struct owns; all access
+// goes through atomic operations.
+unsafe impl Send for PageTable {}
+// SAFETY: as above.
+unsafe impl Sync for PageTable {}
+
+impl PageTable {
+    /// Reserves ptes for `n_pages` pages (virtual only; chunks commit on first write).
+    pub fn new(n_pages: usize) -> std::io::Result<PageTable> {
+        let n_chunks = n_pages.div_ceil(PTES_PER_CHUNK);
+        let ptes_len_bytes = crate::page::round_up_pages(n_pages * 8);
+        let used_len_bytes = crate::page::round_up_pages(n_chunks * 2);
+        let ptes = sys::mmap_reserve(ptes_len_bytes)?;
+        let used = match sys::mmap_reserve(used_len_bytes) {
+            Ok(u) => u,
+            Err(e) => {
+                // SAFETY: just mapped by us, nothing refers to it.
+                let _ = unsafe { sys::munmap(ptes, ptes_len_bytes) };
+                return Err(e);
+            }
+        };
+        Ok(PageTable {
+            ptes: ptes as *const AtomicU64,
+            used: used as *const AtomicU16,
+            n_pages,
+            ptes_len_bytes,
+            used_len_bytes,
+        })
+    }
+
+    /// Pages covered.
+    pub fn n_pages(&self) -> usize {
+        self.n_pages
+    }
+
+    #[inline]
+    fn word(&self, idx_page: usize) -> &AtomicU64 {
+        assert!(idx_page < self.n_pages, "pte index {idx_page} beyond {} pages", self.n_pages);
+        // SAFETY: idx_page is in bounds of the reserved array, which lives as long as self;
+        // zero bytes are a valid AtomicU64.
+        unsafe { &*self.ptes.add(idx_page) }
+    }
+
+    #[inline]
+    fn chunk_used(&self, idx_page: usize) -> &AtomicU16 {
+        // SAFETY: idx_page / 512 < n_chunks, within the reserved array, which lives as long
+        // as self.
+        unsafe { &*self.used.add(idx_page / PTES_PER_CHUNK) }
+    }
+
+    /// Reads a pte (lock bit included).
+    #[inline]
+    pub fn load(&self, idx_page: usize) -> Pte {
+        Pte(self.word(idx_page).load(Ordering::Acquire))
+    }
+
+    /// Locks a pte, waiting while another thread holds it; returns its value (unlocked form).
+    pub fn lock(&self, idx_page: usize) -> Pte {
+        let w = self.word(idx_page);
+        let mut backoff = Backoff::new();
+        loop {
+            let cur = Pte(w.load(Ordering::Relaxed));
+            if !cur.locked()
+                && w.compare_exchange_weak(cur.0, cur.with_lock().0, Ordering::Acquire, Ordering::Relaxed).is_ok()
+            {
+                return cur;
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// Locks a pte if nobody holds it; returns its value (unlocked form).
+    pub fn try_lock(&self, idx_page: usize) -> Option<Pte> {
+        let w = self.word(idx_page);
+        let cur = Pte(w.load(Ordering::Relaxed));
+        if cur.locked() {
+            return None;
+        }
+        w.compare_exchange(cur.0, cur.with_lock().0, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| cur)
+    }
+
+    /// Locks a pte only if it is unlocked and in `state`.
+    pub fn try_lock_in(&self, idx_page: usize, state: PteState) -> Option<Pte> {
+        let cur = self.load(idx_page);
+        if cur.locked() || cur.state() != state {
+            return None;
+        }
+        self.word(idx_page)
+            .compare_exchange(cur.0, cur.with_lock().0, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| cur)
+    }
+
+    /// Stores `new` into a pte this thread holds locked and unlocks it. `old` is the value
+    /// returned when it was locked (for the chunk use count).
+    pub fn unlock(&self, idx_page: usize, old: Pte, new: Pte) {
+        let was_none = old.state() == PteState::None;
+        let is_none = new.state() == PteState::None;
+        if was_none && !is_none {
+            self.chunk_used(idx_page).fetch_add(1, Ordering::Relaxed);
+        } else if !was_none && is_none {
+            self.chunk_used(idx_page).fetch_sub(1, Ordering::Relaxed);
+        }
+        let w = self.word(idx_page);
+        debug_assert!(Pte(w.load(Ordering::Relaxed)).locked(), "unlock of an unlocked pte {idx_page}");
+        w.store(new.without_lock().0, Ordering::Release);
+    }
+
+    /// Chunks holding at least one non-`None` pte (each costs one 4 KiB page).
+    pub fn chunks_in_use(&self) -> usize {
+        (0..self.n_pages.div_ceil(PTES_PER_CHUNK))
+            // SAFETY: c < n_chunks, in bounds; see chunk_used.
+            .filter(|&c| unsafe { &*self.used.add(c) }.load(Ordering::Relaxed) != 0)
+            .count()
+    }
+
+    /// Releases the memory of chunks whose ptes are all `None`. Needs `&mut self`: no
+    /// other thread may be locking ptes meanwhile (a pte locked in a chunk being released
+    /// would lose its write).
+    pub fn release_empty_chunks(&mut self) -> usize {
+        let mut released = 0;
+        for c in 0..self.n_pages.div_ceil(PTES_PER_CHUNK) {
+            // SAFETY: c < n_chunks; see chunk_used.
+            if unsafe { &*self.used.add(c) }.load(Ordering::Relaxed) == 0 {
+                let addr = self.ptes as usize + c * PTES_PER_CHUNK * 8;
+                // SAFETY: a chunk of our own array with no live pte; it reads back as None.
+                if unsafe { sys::madvise(addr, crate::page::PAGE_SIZE, libc::MADV_DONTNEED) }.is_ok() {
+                    released += 1;
+                }
+            }
+        }
+        released
+    }
+}
+
+impl Drop for PageTable {
+    fn drop(&mut self) {
+        // SAFETY: both arrays are ours and nothing refers to them once the table drops.
+        unsafe {
+            let _ = sys::munmap(self.ptes as usize, self.ptes_len_bytes);
+            let _ = sys::munmap(self.used as usize, self.used_len_bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn pte_round_trip(state in 0u8..4, payload in 0u64..(1 << 60), active: bool) {
+            let st = [PteState::None, PteState::Present, PteState::Staged, PteState::Swapped][state as usize];
+            let p = Pte::new(st, payload).with_active(active);
+            prop_assert_eq!(p.state(), st);
+            prop_assert_eq!(p.payload(), payload);
+            prop_assert_eq!(p.active(), active);
+            prop_assert!(!p.locked());
+            prop_assert_eq!(Pte::from_raw(p.raw()), p);
+            prop_assert_eq!(p.with_lock().without_lock(), p);
+        }
+    }
+
+    #[test]
+    fn lock_unlock_and_chunk_counts() {
+        let mut t = PageTable::new(3 * PTES_PER_CHUNK + 7).unwrap();
+        assert_eq!(t.load(5), Pte::NONE);
+        let old = t.lock(5);
+        assert!(t.load(5).locked());
+        assert!(t.try_lock(5).is_none());
+        t.unlock(5, old, Pte::swapped(42));
+        assert_eq!(t.load(5), Pte::swapped(42));
+        let old = t.lock(PTES_PER_CHUNK * 3 + 6);
+        t.unlock(PTES_PER_CHUNK * 3 + 6, old, Pte::present());
+        assert_eq!(t.chunks_in_use(), 2);
+        let old = t.try_lock_in(5, PteState::Swapped).unwrap();
+        t.unlock(5, old, Pte::NONE);
+        assert_eq!(t.chunks_in_use(), 1);
+        assert_eq!(t.release_empty_chunks(), 3);
+        assert_eq!(t.load(PTES_PER_CHUNK * 3 + 6), Pte::present());
+        assert!(t.try_lock_in(PTES_PER_CHUNK * 3 + 6, PteState::Staged).is_none());
+    }
+
+    #[test]
+    fn lock_excludes_threads() {
+        let t = std::sync::Arc::new(PageTable::new(64).unwrap());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..2000 {
+                        let old = t.lock(3);
+                        t.unlock(3, old, Pte::swapped(old.payload() + 1));
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|h| h.join().unwrap());
+        assert_eq!(t.load(3).payload(), 8000);
+    }
+}

@@ -1,1 +1,647 @@
-//! (being written)
+//! The swap-out path: one reclaim thread keeps the footprint between the watermarks.
+//!
+//! 1. Deactivate: a CLOCK hand walks each region in 64 KiB blocks and moves the present
+//!    pages of a block to the mirror with one UFFDIO_MOVE (the inactive list). A touch
+//!    faults and moves the page back: that is the reference bit, taken by the hardware.
+//! 2. Evict: the oldest staged blocks whose pages were not touched are classified (zero,
+//!    same-filled, compressible, incompressible), stored in a backend behind a freshly
+//!    allocated slot (consecutive slots for a block), and dropped from the mirror.
+//! 3. Writeback: when the pool is over its limit, its coldest objects (oldest clusters
+//!    first) are written, still compressed, to the file, many per write.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::backend::compress::{compress, INCOMPRESSIBLE_LIMIT};
+use crate::backend::file::{UnitWriter, DEFAULT_UNIT_BYTES};
+use crate::backend::pool::PoolHandle;
+use crate::backend::zero::same_filled_pattern;
+use crate::fault::fatal;
+use crate::page::{BLOCK_PAGES, PAGE_SIZE};
+use crate::pager::{RegionInner, Shared};
+use crate::pagetable::{Pte, PteState};
+use crate::swap::{SwapEntry, SwapSpace, Tag};
+use crate::sys;
+use crate::uffd;
+
+/// Blocks deactivated or evicted per step (1 MiB).
+const BATCH_BLOCKS: usize = 16;
+/// Reclaim's allocation lane in the swap space.
+const LANE: usize = 0;
+
+struct Reclaim {
+    s: Arc<Shared>,
+    compressed: Vec<u8>,
+    writer: Option<UnitWriter>,
+    slots: Vec<u64>,
+    /// Round-robin position over regions.
+    next_region: usize,
+    last_metadata: Instant,
+    warned_write_error: bool,
+}
+
+/// The reclaim thread's loop.
+pub(crate) fn reclaim_thread(s: Arc<Shared>) {
+    let writer = if s.file.is_some() {
+        match UnitWriter::new(DEFAULT_UNIT_BYTES) {
+            Ok(w) => Some(w),
+            Err(e) => fatal(&format!("reclaim cannot map its write buffer: {e}")),
+        }
+    } else {
+        None
+    };
+    let mut r = Reclaim {
+        s,
+        compressed: vec![0u8; PAGE_SIZE],
+        writer,
+        slots: Vec::with_capacity(BLOCK_PAGES),
+        next_region: 0,
+        last_metadata: Instant::now(),
+        warned_write_error: false,
+    };
+    loop {
+        {
+            let (m, cv) = &r.s.kick;
+            let mut k = m.lock().unwrap_or_else(|e| e.into_inner());
+            if !*k {
+                k = cv.wait_timeout(k, Duration::from_millis(5)).unwrap_or_else(|e| e.into_inner()).0;
+            }
+            *k = false;
+        }
+        if r.s.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        if r.last_metadata.elapsed() > Duration::from_millis(50) {
+            r.s.refresh_metadata();
+            r.last_metadata = Instant::now();
+        }
+        let fp = r.s.footprint_bytes();
+        r.s.counters.note_footprint(fp);
+        if fp > r.s.high_watermark() || r.pool_over_limit() {
+            r.s.reclaim_idle.store(false, Ordering::Release);
+            r.run();
+        }
+        r.s.reclaim_idle.store(true, Ordering::Release);
+        r.notify_room();
+    }
+}
+
+impl Reclaim {
+    fn notify_room(&self) {
+        let (m, cv) = &self.s.room;
+        *m.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        cv.notify_all();
+    }
+
+    fn pool_over_limit(&self) -> bool {
+        self.s.file.is_some() && self.s.pool.total_bytes() > self.s.config.pool_max_bytes()
+    }
+
+    /// Reclaims until the footprint is under the low watermark (and the pool under its
+    /// limit), or nothing more can be done.
+    fn run(&mut self) {
+        let budget_pages = (self.s.budget() / PAGE_SIZE as u64) as i64;
+        let inactive_target = (budget_pages / 8).max(256);
+        loop {
+            if self.s.shutdown.load(Ordering::Acquire) {
+                return;
+            }
+            let fp = self.s.footprint_bytes();
+            self.s.counters.note_footprint(fp);
+            let over = fp > self.s.low_watermark();
+            if !over && !self.pool_over_limit() {
+                return;
+            }
+            let mut progress = 0usize;
+            if self.pool_over_limit() {
+                progress += self.writeback(BATCH_BLOCKS * 4);
+            }
+            if over {
+                if self.s.staged_pages.load(Ordering::Relaxed) < inactive_target {
+                    progress += self.deactivate(BATCH_BLOCKS);
+                }
+                progress += self.evict(BATCH_BLOCKS);
+                if progress == 0 && self.s.file.is_some() {
+                    progress += self.writeback(BATCH_BLOCKS * 4);
+                }
+            }
+            self.notify_room();
+            if progress == 0 {
+                if over {
+                    self.s.counters.over_budget_events.fetch_add(1, Ordering::Relaxed);
+                    if !self.s.warned_over_budget.swap(true, Ordering::Relaxed) {
+                        eprintln!(
+                            "tierswap: footprint {} MiB is over the budget of {} MiB and nothing more can be evicted{}; going over budget rather than losing data",
+                            fp >> 20,
+                            self.s.budget() >> 20,
+                            if self.s.file.is_none() { " (no file tier: add 'file' to the tiers)" } else { "" }
+                        );
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                return;
+            }
+        }
+    }
+
+    fn regions(&self) -> Vec<Arc<RegionInner>> {
+        self.s.regions.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Moves up to `max_blocks` blocks of present pages to staging. Returns pages moved.
+    fn deactivate(&mut self, max_blocks: usize) -> usize {
+        let regions = self.regions();
+        if regions.is_empty() {
+            return 0;
+        }
+        let mut moved = 0;
+        let mut blocks_done = 0;
+        for k in 0..regions.len() {
+            let r = &regions[(self.next_region + k) % regions.len()];
+            let Ok(_guard) = r.reclaim_lock.try_lock() else { continue };
+            if r.dead.load(Ordering::Acquire) {
+                continue;
+            }
+            let n_blocks = r.n_pages.div_ceil(BLOCK_PAGES);
+            let mut scanned = 0;
+            while scanned < n_blocks && blocks_done < max_blocks {
+                let b = r.clock_block.fetch_add(1, Ordering::Relaxed) % n_blocks;
+                scanned += 1;
+                let n = self.deactivate_block(r, b, false);
+                if n > 0 {
+                    moved += n;
+                    blocks_done += 1;
+                    self.s.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((r.id, b));
+                }
+            }
+            if blocks_done >= max_blocks {
+                self.next_region = (self.next_region + k + 1) % regions.len();
+                break;
+            }
+        }
+        self.s.counters.pgdeactivate.fetch_add(moved as u64, Ordering::Relaxed);
+        moved
+    }
+
+    /// Stages the present pages of block `b`. Returns pages staged.
+    fn deactivate_block(&mut self, r: &RegionInner, b: usize, force: bool) -> usize {
+        let start = b * BLOCK_PAGES;
+        let end = (start + BLOCK_PAGES).min(r.n_pages);
+        let mut locked = [false; BLOCK_PAGES];
+        let mut any = false;
+        for i in start..end {
+            // An active page (refaulted from staging) gets one more round: clear the bit.
+            let p = r.ptes.load(i);
+            if !force && p.state() == PteState::Present && p.active() && !p.locked() {
+                if let Some(old) = r.ptes.try_lock_in(i, PteState::Present) {
+                    r.ptes.unlock(i, old, old.with_active(false));
+                }
+                continue;
+            }
+            if r.ptes.try_lock_in(i, PteState::Present).is_some() {
+                locked[i - start] = true;
+                any = true;
+            }
+        }
+        if !any {
+            return 0;
+        }
+        let mut staged = 0;
+        let mut i = start;
+        while i < end {
+            if !locked[i - start] {
+                i += 1;
+                continue;
+            }
+            let run_start = i;
+            while i < end && locked[i - start] {
+                i += 1;
+            }
+            staged += self.stage_run(r, run_start, i);
+        }
+        self.s.present_pages.fetch_sub(staged as i64, Ordering::Relaxed);
+        self.s.staged_pages.fetch_add(staged as i64, Ordering::Relaxed);
+        staged
+    }
+
+    /// Moves locked present pages `[from, to)` to the mirror and unlocks them: staged if
+    /// moved; None if the program had discarded it (a hole); present if the move could not
+    /// be done now. Returns pages staged.
+    fn stage_run(&mut self, r: &RegionInner, from: usize, to: usize) -> usize {
+        let mut i = from;
+        let mut staged = 0;
+        let mut again = 0;
+        while i < to {
+            let len = (to - i) * PAGE_SIZE;
+            // SAFETY: pages [i, to) are locked present pages of the program's range; moving
+            // them to the mirror is atomic with respect to the program, which faults on a
+            // touch and is served from the mirror once we unlock.
+            let res = unsafe { self.s.uffd.move_pages(r.mirror_addr(i), r.page_addr(i), len, true, false) };
+            let (done, skip) = match res {
+                Ok(bytes) => (bytes / PAGE_SIZE, None),
+                Err(uffd::Error::NoPage { done_bytes, .. }) => (done_bytes / PAGE_SIZE, Some(PteState::None)),
+                Err(uffd::Error::Busy { done_bytes, .. }) => (done_bytes / PAGE_SIZE, Some(PteState::Present)),
+                Err(uffd::Error::Again { done_bytes, .. }) if again < 8 => {
+                    again += 1;
+                    (done_bytes / PAGE_SIZE, None)
+                }
+                Err(uffd::Error::Again { done_bytes, .. }) => (done_bytes / PAGE_SIZE, Some(PteState::Present)),
+                Err(uffd::Error::PageExist { done_bytes, .. }) => {
+                    // Something is in the mirror at that offset already: keep the page
+                    // where it is.
+                    (done_bytes / PAGE_SIZE, Some(PteState::Present))
+                }
+                Err(e) => {
+                    eprintln!("tierswap: staging pages at {:#x} failed: {e}", r.page_addr(i));
+                    (0, Some(PteState::Present))
+                }
+            };
+            for k in i..i + done {
+                let old = r.ptes.load(k);
+                r.ptes.unlock(k, old, Pte::staged());
+            }
+            staged += done;
+            i += done;
+            if let Some(state) = skip {
+                if i < to {
+                    let old = r.ptes.load(i);
+                    let new = if state == PteState::None {
+                        // The program dropped the page (MADV_DONTNEED): it reads as zeros.
+                        self.s.present_pages.fetch_sub(1, Ordering::Relaxed);
+                        Pte::NONE
+                    } else {
+                        old
+                    };
+                    r.ptes.unlock(i, old, new);
+                    i += 1;
+                }
+            }
+        }
+        staged
+    }
+
+    /// Evicts up to `max_blocks` of the oldest staged blocks. Returns pages evicted.
+    fn evict(&mut self, max_blocks: usize) -> usize {
+        let mut evicted = 0;
+        for _ in 0..max_blocks {
+            let Some((id, b)) = self.s.inactive.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
+                break;
+            };
+            let Some(r) = self.s.region_by_id(id) else { continue };
+            let Ok(_guard) = r.reclaim_lock.try_lock() else {
+                self.s.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((id, b));
+                continue;
+            };
+            if r.dead.load(Ordering::Acquire) {
+                continue;
+            }
+            evicted += self.evict_block(&r, b);
+        }
+        evicted
+    }
+
+    fn evict_block(&mut self, r: &RegionInner, b: usize) -> usize {
+        let start = b * BLOCK_PAGES;
+        let end = (start + BLOCK_PAGES).min(r.n_pages);
+        let mut pages = [usize::MAX; BLOCK_PAGES];
+        let mut n = 0;
+        for i in start..end {
+            if r.ptes.try_lock_in(i, PteState::Staged).is_some() {
+                pages[n] = i;
+                n += 1;
+            }
+        }
+        if n == 0 {
+            return 0;
+        }
+        self.slots.clear();
+        let mut slots = std::mem::take(&mut self.slots);
+        let got = match self.s.swap.alloc(LANE, n, &mut slots) {
+            Ok(got) => got,
+            Err(e) => {
+                eprintln!("tierswap: {e}; pages stay in memory");
+                0
+            }
+        };
+        // Pages without a slot stay staged.
+        for &i in &pages[got..n] {
+            let old = r.ptes.load(i);
+            r.ptes.unlock(i, old, old);
+        }
+        let mut file_pending: Vec<(usize, u64, usize)> = Vec::new();
+        for k in 0..got {
+            let i = pages[k];
+            let slot = slots[k];
+            // SAFETY: the page is locked and staged: its bytes sit in the mirror, which only
+            // the pager touches, and nobody else reads or writes it while we hold the lock.
+            let page = unsafe { std::slice::from_raw_parts(r.mirror_addr(i) as *const u8, PAGE_SIZE) };
+            let mut stored = self.store_page(page, slot);
+            if let Stored::UnitFull = stored {
+                self.flush_file_pending(r, &pages, &slots, &mut file_pending);
+                stored = self.store_page(page, slot);
+            }
+            match stored {
+                Stored::Entry(e) => self.place(slot, e),
+                Stored::ToFile(off_in_unit, len) => file_pending.push((k, off_in_unit as u64, len)),
+                Stored::UnitFull => {
+                    let e = self.store_raw(page);
+                    if let Stored::Entry(e) = e {
+                        self.place(slot, e);
+                    }
+                }
+            }
+        }
+        if !file_pending.is_empty() {
+            self.flush_file_pending(r, &pages, &slots, &mut file_pending);
+        }
+        // Drop the evicted pages from the mirror, one madvise per run, while still locked.
+        let mut k = 0;
+        while k < got {
+            let run = k;
+            while k + 1 < got && pages[k + 1] == pages[k] + 1 {
+                k += 1;
+            }
+            let addr = r.mirror_addr(pages[run]);
+            let len = (k - run + 1) * PAGE_SIZE;
+            // SAFETY: the mirror pages of locked, now-stored pages; nothing else refers to them.
+            if let Err(e) = unsafe { sys::madvise(addr, len, libc::MADV_DONTNEED) } {
+                eprintln!("tierswap: releasing staged pages at {addr:#x} failed: {e}");
+            }
+            k += 1;
+        }
+        for k in 0..got {
+            let i = pages[k];
+            let old = r.ptes.load(i);
+            r.ptes.unlock(i, old, Pte::swapped(slots[k]));
+        }
+        self.s.staged_pages.fetch_sub(got as i64, Ordering::Relaxed);
+        self.s.counters.pgsteal.fetch_add(got as u64, Ordering::Relaxed);
+        self.slots = slots;
+        got
+    }
+
+    fn place(&self, slot: u64, e: SwapEntry) {
+        let old = self.s.swap.lock(slot);
+        self.s.swap.unlock(slot, old, e);
+    }
+
+    /// Classifies and stores one page.
+    fn store_page(&mut self, page: &[u8], slot: u64) -> Stored {
+        let s = &self.s;
+        let tiers = s.config.tiers;
+        if tiers.zero {
+            if let Some(p) = same_filled_pattern(page) {
+                if p == 0 {
+                    s.counters.swpout_zero.fetch_add(1, Ordering::Relaxed);
+                    return Stored::Entry(SwapEntry::zero());
+                }
+                if let Some(e) = SwapEntry::same_filled(p) {
+                    s.counters.swpout_samefill.fetch_add(1, Ordering::Relaxed);
+                    return Stored::Entry(e);
+                }
+            }
+        }
+        let limit = if tiers.pool { INCOMPRESSIBLE_LIMIT } else { PAGE_SIZE - 64 };
+        let clen = compress(s.config.compressor, page, &mut self.compressed[..limit]);
+        match clen {
+            Some(len) if tiers.pool => match s.pool.store(&self.compressed[..len]) {
+                Ok(h) => {
+                    s.counters.zswpout.fetch_add(1, Ordering::Relaxed);
+                    Stored::Entry(SwapEntry::pool(h.raw(), len))
+                }
+                Err(_) => self.to_file_or_raw(page, slot, Some(len)),
+            },
+            Some(len) => self.to_file_or_raw(page, slot, Some(len)),
+            None => {
+                s.counters.pool_reject_incompressible.fetch_add(1, Ordering::Relaxed);
+                self.to_file_or_raw(page, slot, None)
+            }
+        }
+    }
+
+    /// Puts a page in the file unit being filled (compressed if `clen`), or keeps it raw in
+    /// the pool when there is no file tier.
+    fn to_file_or_raw(&mut self, page: &[u8], slot: u64, clen: Option<usize>) -> Stored {
+        if let Some(w) = self.writer.as_mut() {
+            let payload: &[u8] = match clen {
+                Some(len) => &self.compressed[..len],
+                None => page,
+            };
+            if let Some(off) = w.push(slot, payload) {
+                return Stored::ToFile(off, payload.len());
+            }
+            if w.records() > 0 {
+                return Stored::UnitFull;
+            }
+        }
+        self.store_raw(page)
+    }
+
+    fn store_raw(&self, page: &[u8]) -> Stored {
+        match self.s.pool.store(page) {
+            Ok(h) => {
+                self.s.counters.pool_stored_raw.fetch_add(1, Ordering::Relaxed);
+                Stored::Entry(SwapEntry::pool(h.raw(), PAGE_SIZE))
+            }
+            Err(e) => fatal(&format!("the pool cannot hold a page ({e}) and there is nowhere else to put it")),
+        }
+    }
+
+    /// Writes the pending file records of a block and places their entries; on a write
+    /// error the pages go to the pool raw instead (never dropped).
+    fn flush_file_pending(&mut self, r: &RegionInner, pages: &[usize], slots: &[u64], pending: &mut Vec<(usize, u64, usize)>) {
+        let Some(file) = self.s.file.as_ref() else { return };
+        let Some(w) = self.writer.as_mut() else { return };
+        let res = file.write_unit(w);
+        w.clear();
+        match res {
+            Ok(base) => {
+                self.s.counters.file_writes.fetch_add(1, Ordering::Relaxed);
+                for &(k, off, len) in pending.iter() {
+                    self.s.counters.pswpout.fetch_add(1, Ordering::Relaxed);
+                    self.s.counters.file_write_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                    let old = self.s.swap.lock(slots[k]);
+                    self.s.swap.unlock(slots[k], old, SwapEntry::file(base + off, len));
+                }
+            }
+            Err(e) => {
+                self.s.counters.writeback_errors.fetch_add(1, Ordering::Relaxed);
+                if !self.warned_write_error {
+                    self.warned_write_error = true;
+                    eprintln!("tierswap: {e}; keeping pages in memory instead (the footprint may exceed the budget)");
+                }
+                for &(k, _, _) in pending.iter() {
+                    // SAFETY: as in evict_block: the page is locked and staged.
+                    let page = unsafe { std::slice::from_raw_parts(r.mirror_addr(pages[k]) as *const u8, PAGE_SIZE) };
+                    if let Stored::Entry(e) = self.store_raw(page) {
+                        let old = self.s.swap.lock(slots[k]);
+                        self.s.swap.unlock(slots[k], old, e);
+                    }
+                }
+            }
+        }
+        pending.clear();
+    }
+
+    /// Writes back up to `max_objects` of the pool's coldest objects to the file, many per
+    /// write. Returns objects written.
+    fn writeback(&mut self, max_objects: usize) -> usize {
+        let s = self.s.clone();
+        if s.file.is_none() {
+            return 0;
+        }
+        let Some(mut w) = self.writer.take() else { return 0 };
+        let mut held: Vec<(u64, SwapEntry, usize)> = Vec::new();
+        let mut written = 0;
+        let clusters = s.swap.take_coldest(4);
+        'clusters: for &cid in &clusters {
+            let mut left_behind = false;
+            for slot in SwapSpace::cluster_slots(cid) {
+                if written + held.len() >= max_objects {
+                    left_behind = true;
+                    break;
+                }
+                let e = s.swap.load(slot);
+                if e.tag() != Tag::Pool || e.locked() {
+                    left_behind |= e.tag() == Tag::Pool;
+                    continue;
+                }
+                let Some(e) = s.swap.try_lock(slot) else {
+                    left_behind = true;
+                    continue;
+                };
+                if e.tag() != Tag::Pool {
+                    s.swap.unlock(slot, e, e);
+                    continue;
+                }
+                if e.referenced() {
+                    // Second chance.
+                    s.swap.unlock(slot, e, e.with_referenced(false));
+                    left_behind = true;
+                    continue;
+                }
+                let (h, len) = e.addr_len();
+                let Some(handle) = PoolHandle::from_raw(h) else {
+                    s.swap.unlock(slot, e, e);
+                    continue;
+                };
+                // SAFETY: the entry is locked, so the object stays allocated while we copy.
+                let obj = unsafe { s.pool.object(handle, len) };
+                let off = match w.push(slot, obj) {
+                    Some(off) => off,
+                    None => {
+                        match self.commit_writeback(&mut w, &mut held) {
+                            Some(n) => written += n,
+                            None => {
+                                s.swap.unlock(slot, e, e);
+                                s.swap.requeue_cold(cid);
+                                break 'clusters;
+                            }
+                        }
+                        match w.push(slot, obj) {
+                            Some(off) => off,
+                            None => {
+                                s.swap.unlock(slot, e, e);
+                                continue;
+                            }
+                        }
+                    }
+                };
+                held.push((slot, e, off));
+            }
+            if left_behind {
+                s.swap.requeue_cold(cid);
+            }
+        }
+        if !held.is_empty() {
+            if let Some(n) = self.commit_writeback(&mut w, &mut held) {
+                written += n;
+            }
+        }
+        self.writer = Some(w);
+        written
+    }
+
+    /// Writes the unit and moves the held entries (locked, in the pool) to the file; on
+    /// error unlocks them unchanged. Returns entries moved, or None on error.
+    fn commit_writeback(&mut self, w: &mut UnitWriter, held: &mut Vec<(u64, SwapEntry, usize)>) -> Option<usize> {
+        let file = self.s.file.as_ref()?;
+        let res = file.write_unit(w);
+        w.clear();
+        match res {
+            Ok(base) => {
+                let n = held.len();
+                self.s.counters.file_writes.fetch_add(1, Ordering::Relaxed);
+                for (slot, e, off) in held.drain(..) {
+                    let (h, len) = e.addr_len();
+                    let new = e.with_place(Tag::File, SwapEntry::file(base + off as u64, len).location());
+                    self.s.swap.unlock(slot, e, new);
+                    if let Some(handle) = PoolHandle::from_raw(h) {
+                        self.s.pool.free(handle, len);
+                    }
+                    self.s.counters.zswpwb.fetch_add(1, Ordering::Relaxed);
+                    self.s.counters.pswpout.fetch_add(1, Ordering::Relaxed);
+                    self.s.counters.file_write_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                }
+                Some(n)
+            }
+            Err(err) => {
+                self.s.counters.writeback_errors.fetch_add(1, Ordering::Relaxed);
+                if !self.warned_write_error {
+                    self.warned_write_error = true;
+                    eprintln!("tierswap: pool writeback failed: {err}; keeping pages in the pool (the footprint may exceed the budget)");
+                }
+                for (slot, e, _) in held.drain(..) {
+                    self.s.swap.unlock(slot, e, e);
+                }
+                None
+            }
+        }
+    }
+}
+
+enum Stored {
+    /// Placed: the entry to store.
+    Entry(SwapEntry),
+    /// Queued in the file unit at this offset with this payload length.
+    ToFile(usize, usize),
+    /// The file unit is full: write it, then store the page again.
+    UnitFull,
+}
+
+/// Stages and evicts every present and staged page of every region now, on the calling
+/// thread (tests and the lab's forced swap-out). Returns pages evicted.
+pub(crate) fn evict_everything(s: &Arc<Shared>) -> usize {
+    let writer = match s.file.as_ref().map(|_| UnitWriter::new(DEFAULT_UNIT_BYTES)) {
+        Some(Ok(w)) => Some(w),
+        Some(Err(e)) => {
+            eprintln!("tierswap: cannot map a write buffer: {e}");
+            None
+        }
+        None => None,
+    };
+    let mut r = Reclaim {
+        s: s.clone(),
+        compressed: vec![0u8; PAGE_SIZE],
+        writer,
+        slots: Vec::with_capacity(BLOCK_PAGES),
+        next_region: 0,
+        last_metadata: Instant::now(),
+        warned_write_error: false,
+    };
+    let mut evicted = 0;
+    for region in r.regions() {
+        let _guard = region.reclaim_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if region.dead.load(Ordering::Acquire) {
+            continue;
+        }
+        for b in 0..region.n_pages.div_ceil(BLOCK_PAGES) {
+            let staged = r.deactivate_block(&region, b, true);
+            r.s.counters.pgdeactivate.fetch_add(staged as u64, Ordering::Relaxed);
+            evicted += r.evict_block(&region, b);
+        }
+    }
+    r.notify_room();
+    evicted
+}

@@ -1,0 +1,249 @@
+//! The pager end to end, on real userfaultfd: every byte that comes back is compared with
+//! what was written, and counters are checked against what the test did.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tierswap::{Hint, Pager, PagerConfig, Tiers};
+
+const PAGE: usize = 4096;
+
+fn pager(budget: u64, tiers: &str) -> Pager {
+    let config = PagerConfig {
+        budget_bytes: budget,
+        tiers: tiers.parse::<Tiers>().unwrap(),
+        fault_threads: 2,
+        ..Default::default()
+    };
+    match Pager::new(config) {
+        Ok(p) => p,
+        Err(e) => panic!("cannot start a pager (these tests need userfaultfd: run as root): {e}"),
+    }
+}
+
+/// Compressible, page-unique content: word i of page p is p * 512 + i + salt.
+fn fill_page(buf: &mut [u8], p: usize, salt: u64) {
+    for (i, w) in buf.chunks_exact_mut(8).enumerate() {
+        w.copy_from_slice(&((p as u64) * 512 + i as u64 + salt).to_le_bytes());
+    }
+}
+
+fn page_matches(buf: &[u8], p: usize, salt: u64) -> bool {
+    buf.chunks_exact(8).enumerate().all(|(i, w)| w == ((p as u64) * 512 + i as u64 + salt).to_le_bytes())
+}
+
+fn random_page(buf: &mut [u8], p: usize) {
+    let mut x = (p as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for w in buf.chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        w.copy_from_slice(&x.to_le_bytes());
+    }
+}
+
+#[test]
+fn roundtrip_through_every_tier_under_budget() {
+    let p = pager(8 << 20, "zero,pool,file");
+    let n = 8192; // 32 MiB through an 8 MiB budget
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    let mem = r.as_mut_slice();
+    for pg in 0..n {
+        let b = &mut mem[pg * PAGE..(pg + 1) * PAGE];
+        match pg % 8 {
+            0 => b.fill(0),
+            1 => b.fill(0xff),
+            2 => random_page(b, pg),
+            _ => fill_page(b, pg, 7),
+        }
+    }
+    p.evict_all();
+    let st = p.stats();
+    assert_eq!(st.present_pages + st.staged_pages, 0, "everything evicted");
+    assert_eq!(st.counters.swpout_zero, (n / 8) as u64);
+    assert_eq!(st.counters.swpout_samefill, (n / 8) as u64);
+    assert!(st.counters.zswpout >= (n / 8 * 5) as u64 - 1);
+    assert_eq!(st.counters.pool_reject_incompressible, (n / 8) as u64);
+    let mut expect = vec![0u8; PAGE];
+    let mut bad = 0;
+    for pg in 0..n {
+        match pg % 8 {
+            0 => expect.fill(0),
+            1 => expect.fill(0xff),
+            2 => random_page(&mut expect, pg),
+            _ => fill_page(&mut expect, pg, 7),
+        }
+        if mem[pg * PAGE..(pg + 1) * PAGE] != expect[..] {
+            bad += 1;
+        }
+    }
+    assert_eq!(bad, 0, "pages differ after the round trip");
+    let st = p.stats();
+    assert_eq!(st.counters.swpin_zero, (n / 8) as u64);
+    assert_eq!(st.counters.swpin_samefill, (n / 8) as u64);
+    assert!(st.counters.pswpin >= (n / 8) as u64, "incompressible pages came back from the file");
+    assert!(st.counters.footprint_max <= (8 << 20) * 105 / 100, "footprint {} over budget", st.counters.footprint_max);
+}
+
+#[test]
+fn region_drop_frees_every_slot() {
+    let p = pager(4 << 20, "zero,pool,file");
+    {
+        let mut r = p.region(16 << 20, Hint::Normal).unwrap();
+        let mem = r.as_mut_slice();
+        for pg in 0..(16 << 20) / PAGE {
+            if pg % 3 == 0 {
+                random_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg);
+            } else {
+                fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 1);
+            }
+        }
+        p.evict_all();
+        let st = p.stats();
+        assert!(st.swap_slots > 0);
+        assert!(st.pool_stored_bytes > 0);
+        assert!(st.file_bytes > 0);
+    }
+    let st = p.stats();
+    assert_eq!(st.swap_slots, 0);
+    assert_eq!(st.pool_stored_bytes, 0);
+    assert_eq!(st.pool_total_size, 0);
+    assert_eq!(st.file_bytes, 0);
+    assert_eq!(st.file_blocks, 0);
+    assert_eq!(st.present_pages, 0);
+    assert_eq!(st.staged_pages, 0);
+}
+
+#[test]
+fn threads_touch_the_same_pages_while_reclaim_runs() {
+    let p = Arc::new(pager(4 << 20, "zero,pool,file"));
+    let n = 4096; // 16 MiB, 4x the budget
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    let mem = r.as_mut_slice();
+    for pg in 0..n {
+        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 3);
+    }
+    let base = mem.as_ptr() as usize;
+    let stop = Arc::new(AtomicBool::new(false));
+    let evicter = {
+        let (p, stop) = (p.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                p.evict_all();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let readers: Vec<_> = (0..4)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut bad = 0;
+                for round in 0..3 {
+                    for k in 0..n {
+                        // Every thread reads the same pages, in interleaved orders.
+                        let pg = (k * 7 + t * 13 + round) % n;
+                        // SAFETY: the region is n pages long and outlives the threads.
+                        let page = unsafe { std::slice::from_raw_parts((base + pg * PAGE) as *const u8, PAGE) };
+                        if !page_matches(page, pg, 3) {
+                            bad += 1;
+                        }
+                    }
+                }
+                bad
+            })
+        })
+        .collect();
+    let bad: usize = readers.into_iter().map(|h| h.join().unwrap()).sum();
+    stop.store(true, Ordering::Relaxed);
+    evicter.join().unwrap();
+    assert_eq!(bad, 0);
+    let st = p.stats();
+    assert!(st.counters.faults_swapped + st.counters.faults_staged > 0);
+}
+
+#[test]
+fn writes_racing_eviction_are_never_lost() {
+    let p = Arc::new(pager(4 << 20, "zero,pool,file"));
+    let n = 2048;
+    let r = p.region(n * PAGE, Hint::Normal).unwrap();
+    let base = r.as_ptr() as usize;
+    let stop = Arc::new(AtomicBool::new(false));
+    let evicter = {
+        let (p, stop) = (p.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                p.evict_all();
+            }
+        })
+    };
+    // Each writer owns the pages pg % 2 == t: it writes a generation number into a page and
+    // reads it back at once and later; any lost write shows up as an older generation.
+    let writers: Vec<_> = (0..2usize)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut bad = 0u64;
+                for gen in 1..=20u64 {
+                    for pg in (t..n).step_by(2) {
+                        // SAFETY: this thread alone writes page pg; the region outlives it.
+                        let page = unsafe { std::slice::from_raw_parts_mut((base + pg * PAGE) as *mut u8, PAGE) };
+                        fill_page(page, pg, gen);
+                        if !page_matches(page, pg, gen) {
+                            bad += 1;
+                        }
+                    }
+                    for pg in (t..n).step_by(2) {
+                        // SAFETY: as above.
+                        let page = unsafe { std::slice::from_raw_parts((base + pg * PAGE) as *const u8, PAGE) };
+                        if !page_matches(page, pg, gen) {
+                            bad += 1;
+                        }
+                    }
+                }
+                bad
+            })
+        })
+        .collect();
+    let bad: u64 = writers.into_iter().map(|h| h.join().unwrap()).sum();
+    stop.store(true, Ordering::Relaxed);
+    evicter.join().unwrap();
+    assert_eq!(bad, 0, "a write was lost or torn by eviction");
+    let st = p.stats();
+    assert!(st.counters.pgsteal > 0, "eviction ran");
+    assert!(st.counters.faults_swapped > 0, "pages came back from slots");
+    drop(r);
+    assert_eq!(p.stats().swap_slots, 0);
+}
+
+#[test]
+fn pool_only_keeps_incompressible_pages_raw_and_counts_them() {
+    let p = pager(8 << 20, "zero,pool");
+    let n = 256;
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    let mem = r.as_mut_slice();
+    for pg in 0..n {
+        random_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg);
+    }
+    assert_eq!(p.evict_all(), n);
+    let st = p.stats();
+    assert_eq!(st.counters.pool_reject_incompressible, n as u64);
+    assert_eq!(st.counters.pool_stored_raw, n as u64);
+    assert_eq!(st.counters.pswpout, 0);
+    let mut expect = vec![0u8; PAGE];
+    for pg in 0..n {
+        random_page(&mut expect, pg);
+        assert_eq!(&mem[pg * PAGE..(pg + 1) * PAGE], &expect[..], "page {pg}");
+    }
+}
+
+#[test]
+fn first_touch_reads_zero_and_bad_sizes_are_refused() {
+    let p = pager(8 << 20, "zero,pool");
+    let r = p.region(10 * PAGE + 1, Hint::Random).unwrap();
+    assert_eq!(r.len(), 11 * PAGE);
+    // SAFETY: the region is 11 pages long.
+    let s = unsafe { std::slice::from_raw_parts(r.as_ptr(), r.len()) };
+    assert!(s.iter().all(|&b| b == 0));
+    assert!(p.region(0, Hint::Normal).is_err());
+    assert!(Pager::new(PagerConfig { budget_bytes: 1 << 20, ..Default::default() }).is_err());
+}
