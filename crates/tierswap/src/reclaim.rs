@@ -27,6 +27,8 @@ use crate::uffd;
 
 /// Blocks deactivated or evicted per step (1 MiB).
 const BATCH_BLOCKS: usize = 16;
+/// Clusters written back per step (up to 1024 objects, ~16 units of 64 KiB).
+const WRITEBACK_CLUSTERS: usize = 2;
 /// Reclaim's allocation lane in the swap space.
 const LANE: usize = 0;
 
@@ -115,7 +117,7 @@ impl Reclaim {
             }
             let mut progress = 0usize;
             if self.pool_over_limit() {
-                progress += self.writeback(BATCH_BLOCKS * 4);
+                progress += self.writeback(WRITEBACK_CLUSTERS);
             }
             if over {
                 if self.s.staged_pages.load(Ordering::Relaxed) < inactive_target {
@@ -123,7 +125,7 @@ impl Reclaim {
                 }
                 progress += self.evict(BATCH_BLOCKS);
                 if progress == 0 && self.s.file.is_some() {
-                    progress += self.writeback(BATCH_BLOCKS * 4);
+                    progress += self.writeback(WRITEBACK_CLUSTERS);
                 }
             }
             self.notify_room();
@@ -281,22 +283,35 @@ impl Reclaim {
         staged
     }
 
-    /// Evicts up to `max_blocks` of the oldest staged blocks. Returns pages evicted.
+    /// Evicts up to `max_blocks` of the oldest staged blocks (blocks whose pages were all
+    /// touched again meanwhile do not count). Returns pages evicted.
     fn evict(&mut self, max_blocks: usize) -> usize {
         let mut evicted = 0;
-        for _ in 0..max_blocks {
+        let mut blocks = 0;
+        let mut busy = Vec::new();
+        while blocks < max_blocks {
             let Some((id, b)) = self.s.inactive.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
                 break;
             };
             let Some(r) = self.s.region_by_id(id) else { continue };
             let Ok(_guard) = r.reclaim_lock.try_lock() else {
-                self.s.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((id, b));
+                busy.push((id, b));
                 continue;
             };
             if r.dead.load(Ordering::Acquire) {
                 continue;
             }
-            evicted += self.evict_block(&r, b);
+            let n = self.evict_block(&r, b);
+            if n > 0 {
+                evicted += n;
+                blocks += 1;
+            }
+        }
+        if !busy.is_empty() {
+            let mut q = self.s.inactive.lock().unwrap_or_else(|e| e.into_inner());
+            for x in busy.into_iter().rev() {
+                q.push_front(x);
+            }
         }
         evicted
     }
@@ -315,8 +330,8 @@ impl Reclaim {
         if n == 0 {
             return 0;
         }
-        self.slots.clear();
         let mut slots = std::mem::take(&mut self.slots);
+        slots.clear();
         let got = match self.s.swap.alloc(LANE, n, &mut slots) {
             Ok(got) => got,
             Err(e) => {
@@ -329,37 +344,33 @@ impl Reclaim {
             let old = r.ptes.load(i);
             r.ptes.unlock(i, old, old);
         }
+        let mut placed = [true; BLOCK_PAGES];
         let mut file_pending: Vec<(usize, u64, usize)> = Vec::new();
         for k in 0..got {
-            let i = pages[k];
-            let slot = slots[k];
-            // SAFETY: the page is locked and staged: its bytes sit in the mirror, which only
-            // the pager touches, and nobody else reads or writes it while we hold the lock.
-            let page = unsafe { std::slice::from_raw_parts(r.mirror_addr(i) as *const u8, PAGE_SIZE) };
-            let mut stored = self.store_page(page, slot);
+            let page = mirror_page(r, pages[k]);
+            let mut stored = self.store_page(page, slots[k]);
             if let Stored::UnitFull = stored {
-                self.flush_file_pending(r, &pages, &slots, &mut file_pending);
-                stored = self.store_page(page, slot);
+                self.flush_file_pending(r, &pages, &slots, &mut file_pending, &mut placed);
+                stored = self.store_page(page, slots[k]);
             }
             match stored {
-                Stored::Entry(e) => self.place(slot, e),
+                Stored::Entry(e) => self.place(slots[k], e),
                 Stored::ToFile(off_in_unit, len) => file_pending.push((k, off_in_unit as u64, len)),
-                Stored::UnitFull => {
-                    let e = self.store_raw(page);
-                    if let Stored::Entry(e) = e {
-                        self.place(slot, e);
-                    }
-                }
+                Stored::UnitFull | Stored::Keep => placed[k] = false,
             }
         }
         if !file_pending.is_empty() {
-            self.flush_file_pending(r, &pages, &slots, &mut file_pending);
+            self.flush_file_pending(r, &pages, &slots, &mut file_pending, &mut placed);
         }
         // Drop the evicted pages from the mirror, one madvise per run, while still locked.
         let mut k = 0;
         while k < got {
+            if !placed[k] {
+                k += 1;
+                continue;
+            }
             let run = k;
-            while k + 1 < got && pages[k + 1] == pages[k] + 1 {
+            while k + 1 < got && placed[k + 1] && pages[k + 1] == pages[k] + 1 {
                 k += 1;
             }
             let addr = r.mirror_addr(pages[run]);
@@ -370,15 +381,24 @@ impl Reclaim {
             }
             k += 1;
         }
+        let mut evicted = 0;
         for k in 0..got {
             let i = pages[k];
             let old = r.ptes.load(i);
-            r.ptes.unlock(i, old, Pte::swapped(slots[k]));
+            if placed[k] {
+                r.ptes.unlock(i, old, Pte::swapped(slots[k]));
+                evicted += 1;
+            } else {
+                // Nowhere to put it now: give the slot back, the page stays staged.
+                let e = self.s.swap.lock(slots[k]);
+                self.s.swap.unlock(slots[k], e, SwapEntry::FREE);
+                r.ptes.unlock(i, old, old);
+            }
         }
-        self.s.staged_pages.fetch_sub(got as i64, Ordering::Relaxed);
-        self.s.counters.pgsteal.fetch_add(got as u64, Ordering::Relaxed);
+        self.s.staged_pages.fetch_sub(evicted as i64, Ordering::Relaxed);
+        self.s.counters.pgsteal.fetch_add(evicted as u64, Ordering::Relaxed);
         self.slots = slots;
-        got
+        evicted
     }
 
     fn place(&self, slot: u64, e: SwapEntry) {
@@ -444,15 +464,24 @@ impl Reclaim {
                 self.s.counters.pool_stored_raw.fetch_add(1, Ordering::Relaxed);
                 Stored::Entry(SwapEntry::pool(h.raw(), PAGE_SIZE))
             }
-            Err(e) => fatal(&format!("the pool cannot hold a page ({e}) and there is nowhere else to put it")),
+            Err(_) => Stored::Keep,
         }
     }
 
     /// Writes the pending file records of a block and places their entries; on a write
-    /// error the pages go to the pool raw instead (never dropped).
-    fn flush_file_pending(&mut self, r: &RegionInner, pages: &[usize], slots: &[u64], pending: &mut Vec<(usize, u64, usize)>) {
-        let Some(file) = self.s.file.as_ref() else { return };
-        let Some(w) = self.writer.as_mut() else { return };
+    /// error the pages go to the pool raw instead (never dropped), or stay staged.
+    fn flush_file_pending(
+        &mut self,
+        r: &RegionInner,
+        pages: &[usize],
+        slots: &[u64],
+        pending: &mut Vec<(usize, u64, usize)>,
+        placed: &mut [bool],
+    ) {
+        let (Some(file), Some(w)) = (self.s.file.as_ref(), self.writer.as_mut()) else { return };
+        if pending.is_empty() {
+            return;
+        }
         let res = file.write_unit(w);
         w.clear();
         match res {
@@ -461,8 +490,7 @@ impl Reclaim {
                 for &(k, off, len) in pending.iter() {
                     self.s.counters.pswpout.fetch_add(1, Ordering::Relaxed);
                     self.s.counters.file_write_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                    let old = self.s.swap.lock(slots[k]);
-                    self.s.swap.unlock(slots[k], old, SwapEntry::file(base + off, len));
+                    self.place(slots[k], SwapEntry::file(base + off, len));
                 }
             }
             Err(e) => {
@@ -472,11 +500,9 @@ impl Reclaim {
                     eprintln!("tierswap: {e}; keeping pages in memory instead (the footprint may exceed the budget)");
                 }
                 for &(k, _, _) in pending.iter() {
-                    // SAFETY: as in evict_block: the page is locked and staged.
-                    let page = unsafe { std::slice::from_raw_parts(r.mirror_addr(pages[k]) as *const u8, PAGE_SIZE) };
-                    if let Stored::Entry(e) = self.store_raw(page) {
-                        let old = self.s.swap.lock(slots[k]);
-                        self.s.swap.unlock(slots[k], old, e);
+                    match self.store_raw(mirror_page(r, pages[k])) {
+                        Stored::Entry(e) => self.place(slots[k], e),
+                        _ => placed[k] = false,
                     }
                 }
             }
@@ -484,9 +510,9 @@ impl Reclaim {
         pending.clear();
     }
 
-    /// Writes back up to `max_objects` of the pool's coldest objects to the file, many per
-    /// write. Returns objects written.
-    fn writeback(&mut self, max_objects: usize) -> usize {
+    /// Writes back the pool objects of the `n_clusters` coldest clusters to the file, many
+    /// per write. Returns objects written.
+    fn writeback(&mut self, n_clusters: usize) -> usize {
         let s = self.s.clone();
         if s.file.is_none() {
             return 0;
@@ -494,14 +520,10 @@ impl Reclaim {
         let Some(mut w) = self.writer.take() else { return 0 };
         let mut held: Vec<(u64, SwapEntry, usize)> = Vec::new();
         let mut written = 0;
-        let clusters = s.swap.take_coldest(4);
+        let clusters = s.swap.take_coldest(n_clusters);
         'clusters: for &cid in &clusters {
             let mut left_behind = false;
             for slot in SwapSpace::cluster_slots(cid) {
-                if written + held.len() >= max_objects {
-                    left_behind = true;
-                    break;
-                }
                 let e = s.swap.load(slot);
                 if e.tag() != Tag::Pool || e.locked() {
                     left_behind |= e.tag() == Tag::Pool;
@@ -601,6 +623,14 @@ impl Reclaim {
     }
 }
 
+/// The bytes of a locked staged page, in the mirror.
+fn mirror_page(r: &RegionInner, idx_page: usize) -> &[u8] {
+    // SAFETY: the caller holds the page's pte locked in the Staged state: its bytes sit in
+    // the mirror, which only the pager touches, and nobody else reads or writes them while
+    // the lock is held. The mirror lives as long as the region.
+    unsafe { std::slice::from_raw_parts(r.mirror_addr(idx_page) as *const u8, PAGE_SIZE) }
+}
+
 enum Stored {
     /// Placed: the entry to store.
     Entry(SwapEntry),
@@ -608,6 +638,8 @@ enum Stored {
     ToFile(usize, usize),
     /// The file unit is full: write it, then store the page again.
     UnitFull,
+    /// Nothing can take the page now: it stays staged, in memory.
+    Keep,
 }
 
 /// Stages and evicts every present and staged page of every region now, on the calling
