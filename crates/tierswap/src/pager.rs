@@ -281,7 +281,7 @@ impl Pager {
     pub fn new(config: PagerConfig) -> Result<Pager> {
         config.validate()?;
         let uffd = Uffd::new(uffd::features::MOVE, true)?;
-        let pool = Pool::new(config.budget_bytes as usize * 2 + (64 << 20))
+        let pool = Pool::new((config.budget_bytes as usize).saturating_mul(8).max(4 << 30))
             .map_err(io_err("cannot reserve address space for the compressed pool"))?;
         let file = if config.tiers.file {
             let dir = config.swap_dir();

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::compress::{compress, INCOMPRESSIBLE_LIMIT};
+use crate::backend::compress::{compress, COMPRESS_BUF_BYTES, INCOMPRESSIBLE_LIMIT};
 use crate::backend::file::{UnitWriter, DEFAULT_UNIT_BYTES};
 use crate::backend::pool::PoolHandle;
 use crate::backend::zero::same_filled_pattern;
@@ -55,7 +55,7 @@ pub(crate) fn reclaim_thread(s: Arc<Shared>) {
     };
     let mut r = Reclaim {
         s,
-        compressed: vec![0u8; PAGE_SIZE],
+        compressed: vec![0u8; COMPRESS_BUF_BYTES],
         writer,
         slots: Vec::with_capacity(BLOCK_PAGES),
         next_region: 0,
@@ -423,7 +423,7 @@ impl Reclaim {
             }
         }
         let limit = if tiers.pool { INCOMPRESSIBLE_LIMIT } else { PAGE_SIZE - 64 };
-        let clen = compress(s.config.compressor, page, &mut self.compressed[..limit]);
+        let clen = compress(s.config.compressor, page, &mut self.compressed, limit);
         match clen {
             Some(len) if tiers.pool => match s.pool.store(&self.compressed[..len]) {
                 Ok(h) => {
@@ -655,7 +655,7 @@ pub(crate) fn evict_everything(s: &Arc<Shared>) -> usize {
     };
     let mut r = Reclaim {
         s: s.clone(),
-        compressed: vec![0u8; PAGE_SIZE],
+        compressed: vec![0u8; COMPRESS_BUF_BYTES],
         writer,
         slots: Vec::with_capacity(BLOCK_PAGES),
         next_region: 0,
