@@ -7,6 +7,14 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub mod floor;
+pub mod lab;
+pub mod machine;
+pub mod metadata;
+pub mod progress;
+pub mod report;
+pub mod tierswap_engine;
+pub mod vmstat;
 pub mod workload;
 
 pub use workload::WorkloadKind;
@@ -37,8 +45,12 @@ impl EngineKind {
     }
 
     /// Every engine, in report order.
-    pub const ALL: [EngineKind; 4] =
-        [EngineKind::Tierswap, EngineKind::KernelZswap, EngineKind::KernelZram, EngineKind::KernelDisk];
+    pub const ALL: [EngineKind; 4] = [
+        EngineKind::Tierswap,
+        EngineKind::KernelZswap,
+        EngineKind::KernelZram,
+        EngineKind::KernelDisk,
+    ];
 }
 
 impl std::str::FromStr for EngineKind {
@@ -145,4 +157,52 @@ pub trait Engine {
     fn run(&mut self, spec: &RunSpec) -> Result<RunResult, EngineError>;
     /// Puts back everything `setup` changed. Idempotent.
     fn teardown(&mut self);
+}
+
+/// An engine this build cannot run: its setup says why.
+pub struct Missing {
+    /// Which engine.
+    pub kind: EngineKind,
+    /// Why.
+    pub reason: String,
+}
+
+impl Engine for Missing {
+    fn kind(&self) -> EngineKind {
+        self.kind
+    }
+    fn setup(&mut self) -> Result<(), EngineError> {
+        Err(EngineError::Unavailable {
+            engine: self.kind.name(),
+            reason: self.reason.clone(),
+        })
+    }
+    fn run(&mut self, _: &RunSpec) -> Result<RunResult, EngineError> {
+        Err(EngineError::Unavailable {
+            engine: self.kind.name(),
+            reason: self.reason.clone(),
+        })
+    }
+    fn teardown(&mut self) {}
+}
+
+/// Options of the kernel engines.
+#[derive(Clone, Debug, Default)]
+pub struct KernelOptions {
+    /// Where swap files go (a real disk filesystem, not tmpfs).
+    pub swap_dir: Option<std::path::PathBuf>,
+    /// zswap's max_pool_percent while the kernel-zswap engine runs.
+    pub zswap_max_pool_percent: Option<u32>,
+}
+
+/// The engine of `kind`.
+pub fn make_engine(kind: EngineKind, progress: bool, kernel: &KernelOptions) -> Box<dyn Engine> {
+    let _ = kernel;
+    match kind {
+        EngineKind::Tierswap => Box::new(tierswap_engine::TierswapEngine { progress }),
+        k => Box::new(Missing {
+            kind: k,
+            reason: "kernel engines are not built in this version yet".into(),
+        }),
+    }
 }

@@ -1,1 +1,309 @@
-fn main() {}
+//! The `tierswap` command: the lab today; `run` and `stat` come with issue 7.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use tierswap::{parse_size, Compressor, PagerConfig, Tiers};
+use tierswap_bench::{lab, make_engine, report, EngineKind, KernelOptions, RunSpec, WorkloadKind};
+
+/// tierswap: keep a program's memory under a budget with compressed and disk tiers, on
+/// userfaultfd. Sizes take K, M, G, T suffixes (powers of 1024).
+#[derive(Parser)]
+#[command(name = "tierswap", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The benchmark lab: workloads against tierswap and the kernel's zswap, zram and disk swap.
+    Bench(Bench),
+    /// Run a program with its anonymous memory under a budget (not built yet).
+    Run {
+        /// Program and arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Live counters of a running pager (not built yet).
+    Stat {
+        /// Process id.
+        pid: Option<u32>,
+    },
+    /// Internal: a kernel engine's workload child.
+    #[command(name = "__bench-child", hide = true)]
+    BenchChild {
+        /// The run, as JSON.
+        arg: String,
+    },
+}
+
+#[derive(Args)]
+struct Bench {
+    #[command(subcommand)]
+    what: Option<BenchWhat>,
+    /// Workloads, comma-separated: usama_1g, seq64, seq64_hint, stride64_sparse,
+    /// random64_sparse, random64_full, zero, samefill, random, usemem, concurrent.
+    #[arg(long, value_delimiter = ',', conflicts_with = "suite")]
+    workload: Vec<String>,
+    /// A named set of workloads: `seed` (the reference threads' workloads).
+    #[arg(long)]
+    suite: Option<String>,
+    /// Engines, comma-separated: tierswap, kernel-zswap, kernel-zram, kernel-disk.
+    #[arg(long, value_delimiter = ',', default_value = "tierswap")]
+    engine: Vec<String>,
+    /// Bytes of memory each workload touches.
+    #[arg(long, default_value = "1G")]
+    size: String,
+    /// Memory budget (a memcg limit for the kernel engines).
+    #[arg(long, default_value = "256M")]
+    budget: String,
+    /// Runs per workload and engine (the table shows medians).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Threads of the threaded workloads (usemem, concurrent); 0 = one per CPU.
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Write every run and the summary as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// tierswap's tiers, comma-separated from zero, pool, file.
+    #[arg(long, default_value = "zero,pool,file")]
+    tiers: String,
+    /// tierswap's pool compressor: lz4, zstd, zstd:LEVEL.
+    #[arg(long, default_value = "lz4")]
+    compressor: String,
+    /// tierswap's pool limit: bytes (e.g. 64M) or a percentage of the budget (e.g. 25%).
+    #[arg(long)]
+    pool_max: Option<String>,
+    /// Directory of tierswap's swap file (default $TMPDIR) and the kernel engines' swap files.
+    #[arg(long)]
+    swap_dir: Option<PathBuf>,
+    /// tierswap's fault threads; 0 = one per CPU.
+    #[arg(long, default_value_t = 0)]
+    fault_threads: usize,
+    /// zswap's max_pool_percent while kernel-zswap runs.
+    #[arg(long)]
+    zswap_max_pool_percent: Option<u32>,
+    /// No progress bars.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Subcommand)]
+enum BenchWhat {
+    /// memcpy and compression speed of the lab's pages on one core.
+    Floor {
+        /// Bytes of pages to measure on.
+        #[arg(long, default_value = "256M")]
+        size: String,
+    },
+    /// Bytes of metadata per swapped page, ours and the kernel's.
+    Metadata {
+        /// Bytes to swap out.
+        #[arg(long, default_value = "1G")]
+        swapped: String,
+    },
+}
+
+/// A user error: one line, exit code 2.
+struct UserError(String);
+
+impl<E: std::fmt::Display> From<E> for UserError {
+    fn from(e: E) -> Self {
+        UserError(e.to_string())
+    }
+}
+
+fn size(what: &str, s: &str) -> Result<u64, UserError> {
+    parse_size(s).map_err(|e| UserError(format!("{what}: {e}")))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.command {
+        Command::Bench(b) => bench(b),
+        Command::Run { .. } => Err(UserError(
+            "`tierswap run` is not built yet (issue 7); use the library or `tierswap bench`".into(),
+        )),
+        Command::Stat { .. } => Err(UserError(
+            "`tierswap stat` is not built yet (issue 7)".into(),
+        )),
+        Command::BenchChild { arg } => Err(UserError(format!(
+            "no kernel engine child in this build ({} bytes of arguments)",
+            arg.len()
+        ))),
+    };
+    match res {
+        Ok(code) => code,
+        Err(UserError(msg)) => {
+            eprintln!("tierswap: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn bench(b: Bench) -> Result<ExitCode, UserError> {
+    let progress = !b.quiet;
+    match &b.what {
+        Some(BenchWhat::Floor { size: s }) => {
+            let bytes = size("--size", s)? as usize;
+            let rows = tierswap_bench::floor::measure(bytes);
+            print!("{}", tierswap_bench::floor::table(&rows, bytes));
+            return Ok(ExitCode::SUCCESS);
+        }
+        Some(BenchWhat::Metadata { swapped }) => {
+            let bytes = size("--swapped", swapped)?;
+            if bytes == 0 {
+                return Err(UserError("--swapped must be more than 0 bytes".into()));
+            }
+            let r = tierswap_bench::metadata::measure(bytes, progress)?;
+            print!("{}", r.text());
+            return Ok(ExitCode::SUCCESS);
+        }
+        None => {}
+    }
+    let workloads: Vec<WorkloadKind> = match (&b.suite, b.workload.is_empty()) {
+        (Some(s), _) if s == "seed" => WorkloadKind::SEED_SUITE.to_vec(),
+        (Some(s), _) => {
+            return Err(UserError(format!(
+                "unknown suite '{s}': the suite is 'seed'"
+            )))
+        }
+        (None, true) => {
+            return Err(UserError(
+                "no workload: give --workload W[,W…] or --suite seed (see --help)".into(),
+            ))
+        }
+        (None, false) => b
+            .workload
+            .iter()
+            .map(|w| w.parse::<WorkloadKind>())
+            .collect::<Result<_, _>>()?,
+    };
+    let engines: Vec<EngineKind> = b
+        .engine
+        .iter()
+        .map(|e| e.parse::<EngineKind>())
+        .collect::<Result<_, _>>()?;
+    let size_bytes = size("--size", &b.size)?;
+    let budget_bytes = size("--budget", &b.budget)?;
+    if size_bytes < 1 << 20 {
+        return Err(UserError(format!(
+            "--size {} is too small: give at least 1M",
+            b.size
+        )));
+    }
+    if b.runs == 0 {
+        return Err(UserError("--runs must be at least 1".into()));
+    }
+    let tiers: Tiers = b.tiers.parse()?;
+    let compressor: Compressor = b.compressor.parse()?;
+    let pool_max_bytes = match &b.pool_max {
+        None => None,
+        Some(p) if p.ends_with('%') => {
+            let pct: f64 = p[..p.len() - 1].trim().parse().map_err(|_| {
+                UserError(format!(
+                    "--pool-max '{p}': give bytes like 64M or a percentage like 25%"
+                ))
+            })?;
+            if !(0.0..=100.0).contains(&pct) {
+                return Err(UserError(format!(
+                    "--pool-max '{p}': a percentage is between 0% and 100%"
+                )));
+            }
+            Some((budget_bytes as f64 * pct / 100.0) as u64)
+        }
+        Some(p) => Some(size("--pool-max", p)?),
+    };
+    let pager = PagerConfig {
+        budget_bytes,
+        tiers,
+        compressor,
+        pool_max_bytes,
+        swap_dir: b.swap_dir.clone(),
+        fault_threads: b.fault_threads,
+    };
+    pager.validate()?;
+    if let Some(dir) = &b.swap_dir {
+        if !dir.is_dir() {
+            return Err(UserError(format!(
+                "--swap-dir {}: not a directory",
+                dir.display()
+            )));
+        }
+    }
+    let kernel = KernelOptions {
+        swap_dir: b.swap_dir.clone(),
+        zswap_max_pool_percent: b.zswap_max_pool_percent,
+    };
+    let mut boxes: Vec<_> = engines
+        .iter()
+        .map(|&k| make_engine(k, progress, &kernel))
+        .collect();
+    let plan = lab::Plan {
+        workloads,
+        runs: b.runs,
+        template: RunSpec {
+            workload: WorkloadKind::Seq64,
+            size_bytes,
+            budget_bytes,
+            threads: b.threads,
+            run: 0,
+            pager: pager.clone(),
+        },
+    };
+    lab::install_interrupt_handler();
+    let machine = tierswap_bench::machine::Machine::detect();
+    let out = lab::run(&plan, &mut boxes, &mut |line| eprintln!("{line}"));
+    if out.results.is_empty() {
+        let why = out
+            .skipped
+            .iter()
+            .chain(&out.failures)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Err(UserError(format!("no run completed: {why}")));
+    }
+    let summaries = report::summarize(&out.results);
+    let header = format!(
+        "size {} MiB, budget {} MiB, tierswap tiers {}, compressor {}, pool max {} MiB",
+        size_bytes >> 20,
+        budget_bytes >> 20,
+        b.tiers,
+        b.compressor,
+        pager.pool_max_bytes() >> 20
+    );
+    print!("{}", report::table(&machine, &header, &summaries));
+    if let Some(path) = &b.json {
+        let doc = report::Document {
+            machine: &machine,
+            config: serde_json::json!({
+                "size_bytes": size_bytes, "budget_bytes": budget_bytes, "runs": b.runs,
+                "engines": b.engine, "tiers": b.tiers, "compressor": b.compressor,
+                "pool_max_bytes": pager.pool_max_bytes(), "threads": b.threads,
+            }),
+            runs: &out.results,
+            summary: &summaries,
+            problems: out.skipped.iter().chain(&out.failures).cloned().collect(),
+        };
+        let text = serde_json::to_string_pretty(&doc)?;
+        std::fs::write(path, text)
+            .map_err(|e| UserError(format!("cannot write {}: {e}", path.display())))?;
+    }
+    let mismatches: u64 = out.results.iter().map(|r| r.mismatches).sum();
+    if mismatches > 0 {
+        eprintln!("tierswap: {mismatches} pages came back wrong");
+        return Ok(ExitCode::from(1));
+    }
+    if out.interrupted {
+        eprintln!("tierswap: interrupted; the table shows the runs that completed");
+        return Ok(ExitCode::from(130));
+    }
+    if !out.failures.is_empty() {
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -34,7 +34,11 @@ pub(crate) struct Scratch {
 
 impl Scratch {
     pub(crate) fn new() -> std::io::Result<Scratch> {
-        Ok(Scratch { page: AlignedBuf::new(PAGE_SIZE)?, compressed: vec![0u8; PAGE_SIZE], io: AlignedBuf::new(3 * PAGE_SIZE)? })
+        Ok(Scratch {
+            page: AlignedBuf::new(PAGE_SIZE)?,
+            compressed: vec![0u8; PAGE_SIZE],
+            io: AlignedBuf::new(3 * PAGE_SIZE)?,
+        })
     }
 }
 
@@ -114,7 +118,9 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
         PteState::None => {
             install_zero(s, page_addr, write);
             s.present_pages.fetch_add(1, Ordering::Relaxed);
-            s.counters.faults_first_touch.fetch_add(1, Ordering::Relaxed);
+            s.counters
+                .faults_first_touch
+                .fetch_add(1, Ordering::Relaxed);
             Pte::present()
         }
         PteState::Present => {
@@ -154,7 +160,8 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
 
 fn finish_fault(s: &Shared, t0: Instant) {
     s.counters.faults.fetch_add(1, Ordering::Relaxed);
-    s.counters.record_fault_latency(t0.elapsed().as_micros() as u64);
+    s.counters
+        .record_fault_latency(t0.elapsed().as_micros() as u64);
     if s.footprint_bytes() > s.high_watermark() {
         s.kick_reclaim();
     }
@@ -178,7 +185,9 @@ fn wait_for_room(s: &Shared) {
             return;
         }
         let gen = *g;
-        let (g2, _) = cv.wait_timeout(g, Duration::from_millis(5)).unwrap_or_else(|e| e.into_inner());
+        let (g2, _) = cv
+            .wait_timeout(g, Duration::from_millis(5))
+            .unwrap_or_else(|e| e.into_inner());
         g = g2;
         if *g != gen && s.footprint_bytes() <= s.budget() {
             return;
@@ -258,7 +267,9 @@ fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) {
     }
     s.staged_pages.fetch_sub(moved_pages, Ordering::Relaxed);
     s.present_pages.fetch_add(moved_pages, Ordering::Relaxed);
-    s.counters.pgactivate.fetch_add(moved_pages as u64, Ordering::Relaxed);
+    s.counters
+        .pgactivate
+        .fetch_add(moved_pages as u64, Ordering::Relaxed);
 }
 
 /// Moves locked staged pages `[from, to)` from the mirror back into the region and unlocks
@@ -271,7 +282,10 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
         // SAFETY: the pages [i, to) are locked staged pages: their only copy is at the same
         // offset in the mirror, which only the pager touches, and the program's range there
         // is empty (the program faults on it). Moving them back is what the program expects.
-        let res = unsafe { s.uffd.move_pages(r.page_addr(i), r.mirror_addr(i), len, false, false) };
+        let res = unsafe {
+            s.uffd
+                .move_pages(r.page_addr(i), r.mirror_addr(i), len, false, false)
+        };
         let done_pages = match res {
             Ok(bytes) => bytes / PAGE_SIZE,
             Err(uffd::Error::NoPage { done_bytes, .. }) => {
@@ -286,7 +300,10 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
                 done_bytes / PAGE_SIZE + 1
             }
             Err(uffd::Error::Again { done_bytes, .. }) => done_bytes / PAGE_SIZE,
-            Err(e) => fatal(&format!("moving a staged page back to {:#x} failed: {e}", r.page_addr(i))),
+            Err(e) => fatal(&format!(
+                "moving a staged page back to {:#x} failed: {e}",
+                r.page_addr(i)
+            )),
         };
         for k in i..i + done_pages {
             let old = r.ptes.load(k);
@@ -300,14 +317,23 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
 
 /// Reads slot `slot`'s bytes into `scratch.page`. `Ok(None)` means a zero page (nothing to
 /// copy). The slot keeps its reference; the caller puts it.
-pub(crate) fn read_slot(s: &Shared, slot: u64, scratch: &mut Scratch) -> Result<Option<()>, ReadFail> {
+pub(crate) fn read_slot(
+    s: &Shared,
+    slot: u64,
+    scratch: &mut Scratch,
+) -> Result<Option<()>, ReadFail> {
     let e = s.swap.lock(slot);
     let res = read_entry(s, slot, e, scratch);
     s.swap.unlock(slot, e, e);
     res
 }
 
-fn read_entry(s: &Shared, slot: u64, e: SwapEntry, scratch: &mut Scratch) -> Result<Option<()>, ReadFail> {
+fn read_entry(
+    s: &Shared,
+    slot: u64,
+    e: SwapEntry,
+    scratch: &mut Scratch,
+) -> Result<Option<()>, ReadFail> {
     let page = &mut scratch.page.as_mut_slice()[..PAGE_SIZE];
     match e.tag() {
         Tag::Zero => {
@@ -321,44 +347,58 @@ fn read_entry(s: &Shared, slot: u64, e: SwapEntry, scratch: &mut Scratch) -> Res
         }
         Tag::Pool => {
             let (h, len) = e.addr_len();
-            let handle = PoolHandle::from_raw(h).ok_or_else(|| ReadFail::Corrupt(format!("bad pool handle {h:#x}")))?;
+            let handle = PoolHandle::from_raw(h)
+                .ok_or_else(|| ReadFail::Corrupt(format!("bad pool handle {h:#x}")))?;
             // SAFETY: the entry is locked and points at this object, so it stays allocated
             // until we unlock.
             let obj = unsafe { s.pool.object(handle, len) };
             if len == PAGE_SIZE {
                 page.copy_from_slice(obj);
             } else {
-                decompress(s.config.compressor, obj, page)
-                    .map_err(|err| ReadFail::Corrupt(format!("pool object of slot {slot} does not decompress: {err}")))?;
+                decompress(s.config.compressor, obj, page).map_err(|err| {
+                    ReadFail::Corrupt(format!(
+                        "pool object of slot {slot} does not decompress: {err}"
+                    ))
+                })?;
             }
             s.counters.zswpin.fetch_add(1, Ordering::Relaxed);
             Ok(Some(()))
         }
         Tag::File => {
-            let file = s.file.as_ref().ok_or_else(|| ReadFail::Corrupt("file entry without a file tier".into()))?;
+            let file = s
+                .file
+                .as_ref()
+                .ok_or_else(|| ReadFail::Corrupt("file entry without a file tier".into()))?;
             let (off, len) = e.addr_len();
-            file.read(off, len, slot, &mut scratch.io, &mut scratch.compressed).map_err(|err| match err {
-                crate::backend::file::FileError::Corrupt { .. } => {
-                    s.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
-                    ReadFail::Corrupt(err.to_string())
-                }
-                _ => {
-                    s.counters.read_errors.fetch_add(1, Ordering::Relaxed);
-                    ReadFail::Io(err.to_string())
-                }
-            })?;
+            file.read(off, len, slot, &mut scratch.io, &mut scratch.compressed)
+                .map_err(|err| match err {
+                    crate::backend::file::FileError::Corrupt { .. } => {
+                        s.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                        ReadFail::Corrupt(err.to_string())
+                    }
+                    _ => {
+                        s.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                        ReadFail::Io(err.to_string())
+                    }
+                })?;
             if len == PAGE_SIZE {
                 page.copy_from_slice(&scratch.compressed[..PAGE_SIZE]);
             } else {
-                decompress(s.config.compressor, &scratch.compressed[..len], page)
-                    .map_err(|err| ReadFail::Corrupt(format!("file record of slot {slot} does not decompress: {err}")))?;
+                decompress(s.config.compressor, &scratch.compressed[..len], page).map_err(
+                    |err| {
+                        ReadFail::Corrupt(format!(
+                            "file record of slot {slot} does not decompress: {err}"
+                        ))
+                    },
+                )?;
             }
             s.counters.pswpin.fetch_add(1, Ordering::Relaxed);
             Ok(Some(()))
         }
-        Tag::Free | Tag::Reserved | Tag::Remote => {
-            Err(ReadFail::Corrupt(format!("slot {slot} is {:?}, not a placed page", e.tag())))
-        }
+        Tag::Free | Tag::Reserved | Tag::Remote => Err(ReadFail::Corrupt(format!(
+            "slot {slot} is {:?}, not a placed page",
+            e.tag()
+        ))),
     }
 }
 

@@ -1,0 +1,222 @@
+//! The runner: every workload on every engine, runs alternating engine by engine
+//! (A/B/A/B…) so that drift on a shared machine hits all engines alike.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::workload::WorkloadKind;
+use crate::{Engine, EngineError, RunResult, RunSpec};
+
+/// What to run.
+pub struct Plan {
+    /// Workloads, in order.
+    pub workloads: Vec<WorkloadKind>,
+    /// Runs per workload and engine.
+    pub runs: usize,
+    /// The run template (workload and run number are filled in per run).
+    pub template: RunSpec,
+}
+
+/// What happened.
+#[derive(Default)]
+pub struct Outcome {
+    /// Every completed run.
+    pub results: Vec<RunResult>,
+    /// Engines skipped, with the reason.
+    pub skipped: Vec<String>,
+    /// Runs that failed, one line each.
+    pub failures: Vec<String>,
+    /// Stopped early by Ctrl-C / SIGTERM.
+    pub interrupted: bool,
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Makes SIGINT and SIGTERM stop the lab between runs (engines then tear down as usual).
+/// A second signal kills the process the default way.
+pub fn install_interrupt_handler() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe; SA_RESETHAND
+    // restores the default action so a second Ctrl-C ends the process.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+        sa.sa_flags = libc::SA_RESETHAND;
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
+    }
+}
+
+/// Whether SIGINT/SIGTERM arrived.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// Touches and frees `bytes` of memory once, so the host has handed the guest its pages
+/// before anything is timed (DESIGN §9: the first touch of memory idle for a while is slow).
+pub fn warm_up(bytes: u64) {
+    let mut v = vec![0u8; bytes as usize];
+    for i in (0..v.len()).step_by(4096) {
+        v[i] = 1;
+    }
+    std::hint::black_box(&v);
+}
+
+/// Runs the plan on the engines. Engines that cannot run here are skipped; a failed run is
+/// recorded and the others go on. Every engine set up is torn down, also on interrupt.
+pub fn run(plan: &Plan, engines: &mut [Box<dyn Engine>], log: &mut dyn FnMut(&str)) -> Outcome {
+    let mut out = Outcome::default();
+    let mut live: Vec<usize> = Vec::new();
+    for (i, e) in engines.iter_mut().enumerate() {
+        match e.setup() {
+            Ok(()) => live.push(i),
+            Err(err) => {
+                let line = err.to_string();
+                log(&line);
+                out.skipped.push(line);
+            }
+        }
+    }
+    if !live.is_empty() {
+        warm_up(plan.template.size_bytes);
+    }
+    'all: for &w in &plan.workloads {
+        for run in 0..plan.runs {
+            for &i in &live {
+                if interrupted() {
+                    out.interrupted = true;
+                    break 'all;
+                }
+                let spec = RunSpec {
+                    workload: w,
+                    run,
+                    ..plan.template.clone()
+                };
+                match engines[i].run(&spec) {
+                    Ok(r) => {
+                        log(&format!(
+                            "{:<16} {:<13} run {}: refault {:.3} s, {} pages verified, {} mismatches",
+                            w.name(),
+                            r.engine,
+                            run + 1,
+                            r.refault_s,
+                            r.pages_verified,
+                            r.mismatches
+                        ));
+                        out.results.push(r);
+                    }
+                    Err(e @ EngineError::Unavailable { .. })
+                    | Err(e @ EngineError::Failed { .. }) => {
+                        let line = e.to_string();
+                        log(&line);
+                        out.failures.push(line);
+                    }
+                }
+            }
+        }
+    }
+    for &i in &live {
+        engines[i].teardown();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EngineKind;
+
+    struct Fake {
+        kind: EngineKind,
+        available: bool,
+        calls: std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+    }
+
+    impl Engine for Fake {
+        fn kind(&self) -> EngineKind {
+            self.kind
+        }
+        fn setup(&mut self) -> Result<(), EngineError> {
+            if self.available {
+                Ok(())
+            } else {
+                Err(EngineError::Unavailable {
+                    engine: self.kind.name(),
+                    reason: "not here".into(),
+                })
+            }
+        }
+        fn run(&mut self, spec: &RunSpec) -> Result<RunResult, EngineError> {
+            self.calls.borrow_mut().push(format!(
+                "{}:{}:{}",
+                spec.workload.name(),
+                self.kind.name(),
+                spec.run
+            ));
+            Ok(RunResult {
+                workload: spec.workload.name().into(),
+                engine: self.kind.name().into(),
+                run: spec.run,
+                refault_s: 1.0,
+                ..Default::default()
+            })
+        }
+        fn teardown(&mut self) {
+            self.calls
+                .borrow_mut()
+                .push(format!("teardown:{}", self.kind.name()));
+        }
+    }
+
+    #[test]
+    fn alternates_engines_and_skips_unavailable_ones() {
+        let calls = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let mut engines: Vec<Box<dyn Engine>> = vec![
+            Box::new(Fake {
+                kind: EngineKind::Tierswap,
+                available: true,
+                calls: calls.clone(),
+            }),
+            Box::new(Fake {
+                kind: EngineKind::KernelZram,
+                available: false,
+                calls: calls.clone(),
+            }),
+            Box::new(Fake {
+                kind: EngineKind::KernelZswap,
+                available: true,
+                calls: calls.clone(),
+            }),
+        ];
+        let plan = Plan {
+            workloads: vec![WorkloadKind::Seq64],
+            runs: 2,
+            template: RunSpec {
+                workload: WorkloadKind::Seq64,
+                size_bytes: 4096,
+                budget_bytes: 4096,
+                threads: 1,
+                run: 0,
+                pager: Default::default(),
+            },
+        };
+        let mut lines = Vec::new();
+        let out = run(&plan, &mut engines, &mut |l| lines.push(l.to_string()));
+        assert_eq!(
+            *calls.borrow(),
+            vec![
+                "seq64:tierswap:0",
+                "seq64:kernel-zswap:0",
+                "seq64:tierswap:1",
+                "seq64:kernel-zswap:1",
+                "teardown:tierswap",
+                "teardown:kernel-zswap"
+            ]
+        );
+        assert_eq!(out.results.len(), 4);
+        assert_eq!(out.skipped.len(), 1);
+        assert!(out.skipped[0].contains("kernel-zram skipped: not here"));
+    }
+}
