@@ -87,7 +87,7 @@ struct Bench {
     #[arg(long)]
     zswap_max_pool_percent: Option<u32>,
     /// No progress bars.
-    #[arg(long)]
+    #[arg(long, global = true)]
     quiet: bool,
 }
 

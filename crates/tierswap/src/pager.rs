@@ -357,7 +357,7 @@ impl Pager {
             let s = shared.clone();
             let h = std::thread::Builder::new()
                 .name(format!("tierswap-fault{i}"))
-                .spawn(move || crate::fault::fault_thread(s))
+                .spawn(move || guarded("a fault thread", || crate::fault::fault_thread(s)))
                 .map_err(io_err("cannot start a fault thread"))?;
             handles.push(h);
         }
@@ -365,7 +365,7 @@ impl Pager {
         handles.push(
             std::thread::Builder::new()
                 .name("tierswap-reclaim".into())
-                .spawn(move || crate::reclaim::reclaim_thread(s))
+                .spawn(move || guarded("the reclaim thread", || crate::reclaim::reclaim_thread(s)))
                 .map_err(io_err("cannot start the reclaim thread"))?,
         );
         let threads = Arc::new(Threads {
@@ -497,6 +497,14 @@ impl Pager {
     }
 }
 
+/// Runs a pager thread; if it panics, the program's memory can no longer be served and
+/// would hang on its next fault: abort loudly instead (DESIGN §6).
+fn guarded(what: &str, body: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).is_err() {
+        crate::fault::fatal(&format!("{what} panicked"));
+    }
+}
+
 fn stats_of(s: &Shared) -> Stats {
     let metadata = s.refresh_metadata();
     let footprint = s.footprint_bytes();
@@ -600,9 +608,3 @@ impl Drop for Region {
         s.refresh_metadata();
     }
 }
-
-// SAFETY: a Region is an owned mapping plus shared pager state that is itself Sync.
-unsafe impl Send for Region {}
-// SAFETY: &Region only hands out the pointer; touching the memory from several threads is
-// the program's business, as with any memory.
-unsafe impl Sync for Region {}
