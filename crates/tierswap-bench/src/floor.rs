@@ -31,15 +31,7 @@ fn median3(mut f: impl FnMut() -> f64) -> f64 {
 pub fn measure(size_bytes: usize) -> Vec<FloorRow> {
     let size_bytes = size_bytes.max(1 << 20) & !4095;
     let mut src = vec![0u8; size_bytes];
-    workload::fill(
-        WorkloadKind::Seq64,
-        Mem {
-            ptr: src.as_mut_ptr(),
-            len: size_bytes,
-        },
-        1,
-        &|_| {},
-    );
+    workload::fill(WorkloadKind::Seq64, Mem { ptr: src.as_mut_ptr(), len: size_bytes }, 1, &|_| {});
     let pages = size_bytes / 4096;
     let mut dst = vec![0u8; size_bytes];
     let mut rows = Vec::new();
@@ -56,10 +48,7 @@ pub fn measure(size_bytes: usize) -> Vec<FloorRow> {
         t0.elapsed().as_secs_f64()
     });
     rows.push(row("memcpy", t, None));
-    for (name, c) in [
-        ("lz4", Compressor::Lz4),
-        ("zstd -1", Compressor::Zstd { level: 1 }),
-    ] {
+    for (name, c) in [("lz4", Compressor::Lz4), ("zstd -1", Compressor::Zstd { level: 1 })] {
         let mut comp = vec![0u8; pages * COMPRESS_BUF_BYTES / 2 + COMPRESS_BUF_BYTES];
         let mut lens = vec![0usize; pages];
         let mut scratch = vec![0u8; COMPRESS_BUF_BYTES];
@@ -68,8 +57,7 @@ pub fn measure(size_bytes: usize) -> Vec<FloorRow> {
             total = 0;
             let t0 = Instant::now();
             for p in 0..pages {
-                let n =
-                    compress(c, &src[p * 4096..(p + 1) * 4096], &mut scratch, 4096).unwrap_or(4096);
+                let n = compress(c, &src[p * 4096..(p + 1) * 4096], &mut scratch, 4096).unwrap_or(4096);
                 lens[p] = n;
                 total += n;
             }
@@ -84,11 +72,7 @@ pub fn measure(size_bytes: usize) -> Vec<FloorRow> {
             offs.push((at, n));
             at += n;
         }
-        rows.push(row(
-            &format!("{name} compress"),
-            t,
-            Some(size_bytes as f64 / total.max(1) as f64),
-        ));
+        rows.push(row(&format!("{name} compress"), t, Some(size_bytes as f64 / total.max(1) as f64)));
         let t = median3(|| {
             let t0 = Instant::now();
             for (p, &(o, n)) in offs.iter().enumerate() {
@@ -105,14 +89,8 @@ pub fn measure(size_bytes: usize) -> Vec<FloorRow> {
 
 /// The floor table as text.
 pub fn table(rows: &[FloorRow], size_bytes: usize) -> String {
-    let mut s = format!(
-        "floor on one core, {} MiB of counter-filled pages (the lab's data):\n",
-        size_bytes >> 20
-    );
-    s += &format!(
-        "{:<18} {:>8} {:>12} {:>7}\n",
-        "", "GB/s", "µs/page", "ratio"
-    );
+    let mut s = format!("floor on one core, {} MiB of counter-filled pages (the lab's data):\n", size_bytes >> 20);
+    s += &format!("{:<18} {:>8} {:>12} {:>7}\n", "", "GB/s", "µs/page", "ratio");
     for r in rows {
         s += &format!(
             "{:<18} {:>8.2} {:>12.3} {:>7}\n",

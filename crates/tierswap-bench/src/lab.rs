@@ -89,11 +89,7 @@ pub fn run(plan: &Plan, engines: &mut [Box<dyn Engine>], log: &mut dyn FnMut(&st
                     out.interrupted = true;
                     break 'all;
                 }
-                let spec = RunSpec {
-                    workload: w,
-                    run,
-                    ..plan.template.clone()
-                };
+                let spec = RunSpec { workload: w, run, ..plan.template.clone() };
                 match engines[i].run(&spec) {
                     Ok(r) => {
                         log(&format!(
@@ -107,8 +103,7 @@ pub fn run(plan: &Plan, engines: &mut [Box<dyn Engine>], log: &mut dyn FnMut(&st
                         ));
                         out.results.push(r);
                     }
-                    Err(e @ EngineError::Unavailable { .. })
-                    | Err(e @ EngineError::Failed { .. }) => {
+                    Err(e @ EngineError::Unavailable { .. }) | Err(e @ EngineError::Failed { .. }) => {
                         let line = e.to_string();
                         log(&line);
                         out.failures.push(line);
@@ -142,19 +137,11 @@ mod tests {
             if self.available {
                 Ok(())
             } else {
-                Err(EngineError::Unavailable {
-                    engine: self.kind.name(),
-                    reason: "not here".into(),
-                })
+                Err(EngineError::Unavailable { engine: self.kind.name(), reason: "not here".into() })
             }
         }
         fn run(&mut self, spec: &RunSpec) -> Result<RunResult, EngineError> {
-            self.calls.borrow_mut().push(format!(
-                "{}:{}:{}",
-                spec.workload.name(),
-                self.kind.name(),
-                spec.run
-            ));
+            self.calls.borrow_mut().push(format!("{}:{}:{}", spec.workload.name(), self.kind.name(), spec.run));
             Ok(RunResult {
                 workload: spec.workload.name().into(),
                 engine: self.kind.name().into(),
@@ -164,9 +151,7 @@ mod tests {
             })
         }
         fn teardown(&mut self) {
-            self.calls
-                .borrow_mut()
-                .push(format!("teardown:{}", self.kind.name()));
+            self.calls.borrow_mut().push(format!("teardown:{}", self.kind.name()));
         }
     }
 
@@ -174,21 +159,9 @@ mod tests {
     fn alternates_engines_and_skips_unavailable_ones() {
         let calls = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
         let mut engines: Vec<Box<dyn Engine>> = vec![
-            Box::new(Fake {
-                kind: EngineKind::Tierswap,
-                available: true,
-                calls: calls.clone(),
-            }),
-            Box::new(Fake {
-                kind: EngineKind::KernelZram,
-                available: false,
-                calls: calls.clone(),
-            }),
-            Box::new(Fake {
-                kind: EngineKind::KernelZswap,
-                available: true,
-                calls: calls.clone(),
-            }),
+            Box::new(Fake { kind: EngineKind::Tierswap, available: true, calls: calls.clone() }),
+            Box::new(Fake { kind: EngineKind::KernelZram, available: false, calls: calls.clone() }),
+            Box::new(Fake { kind: EngineKind::KernelZswap, available: true, calls: calls.clone() }),
         ];
         let plan = Plan {
             workloads: vec![WorkloadKind::Seq64],

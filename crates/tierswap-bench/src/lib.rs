@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub mod floor;
+pub mod kernel;
 pub mod lab;
 pub mod machine;
 pub mod metadata;
@@ -45,19 +46,17 @@ impl EngineKind {
     }
 
     /// Every engine, in report order.
-    pub const ALL: [EngineKind; 4] = [
-        EngineKind::Tierswap,
-        EngineKind::KernelZswap,
-        EngineKind::KernelZram,
-        EngineKind::KernelDisk,
-    ];
+    pub const ALL: [EngineKind; 4] =
+        [EngineKind::Tierswap, EngineKind::KernelZswap, EngineKind::KernelZram, EngineKind::KernelDisk];
 }
 
 impl std::str::FromStr for EngineKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         EngineKind::ALL.into_iter().find(|e| e.name() == s.trim()).ok_or_else(|| {
-            format!("unknown engine '{s}': engines are tierswap, kernel-zswap, kernel-zram, kernel-disk (comma-separated)")
+            format!(
+                "unknown engine '{s}': engines are tierswap, kernel-zswap, kernel-zram, kernel-disk (comma-separated)"
+            )
         })
     }
 }
@@ -172,16 +171,10 @@ impl Engine for Missing {
         self.kind
     }
     fn setup(&mut self) -> Result<(), EngineError> {
-        Err(EngineError::Unavailable {
-            engine: self.kind.name(),
-            reason: self.reason.clone(),
-        })
+        Err(EngineError::Unavailable { engine: self.kind.name(), reason: self.reason.clone() })
     }
     fn run(&mut self, _: &RunSpec) -> Result<RunResult, EngineError> {
-        Err(EngineError::Unavailable {
-            engine: self.kind.name(),
-            reason: self.reason.clone(),
-        })
+        Err(EngineError::Unavailable { engine: self.kind.name(), reason: self.reason.clone() })
     }
     fn teardown(&mut self) {}
 }
@@ -197,12 +190,8 @@ pub struct KernelOptions {
 
 /// The engine of `kind`.
 pub fn make_engine(kind: EngineKind, progress: bool, kernel: &KernelOptions) -> Box<dyn Engine> {
-    let _ = kernel;
     match kind {
         EngineKind::Tierswap => Box::new(tierswap_engine::TierswapEngine { progress }),
-        k => Box::new(Missing {
-            kind: k,
-            reason: "kernel engines are not built in this version yet".into(),
-        }),
+        k => Box::new(kernel::KernelEngine::new(k, kernel.clone())),
     }
 }

@@ -20,11 +20,7 @@ pub struct Machine {
 impl Machine {
     /// Reads it off this machine.
     pub fn detect() -> Machine {
-        let read = |p: &str| {
-            std::fs::read_to_string(p)
-                .map(|s| s.trim().to_string())
-                .unwrap_or_default()
-        };
+        let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
         let cpu = read("/proc/cpuinfo")
             .lines()
             .find(|l| l.starts_with("model name"))
@@ -40,9 +36,7 @@ impl Machine {
         Machine {
             kernel: read("/proc/sys/kernel/osrelease"),
             cpu,
-            cores: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
+            cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             memory_bytes,
             zswap_compressor: read("/sys/module/zswap/parameters/compressor"),
         }
@@ -54,17 +48,9 @@ impl Machine {
             "Linux {}, {} × {}, {:.1} GiB, zswap compressor {}",
             self.kernel,
             self.cores,
-            if self.cpu.is_empty() {
-                "CPU"
-            } else {
-                &self.cpu
-            },
+            if self.cpu.is_empty() { "CPU" } else { &self.cpu },
             self.memory_bytes as f64 / (1u64 << 30) as f64,
-            if self.zswap_compressor.is_empty() {
-                "n/a"
-            } else {
-                &self.zswap_compressor
-            }
+            if self.zswap_compressor.is_empty() { "n/a" } else { &self.zswap_compressor }
         )
     }
 }

@@ -16,9 +16,7 @@ impl Progress {
             return Progress { bar: None };
         }
         let bar = ProgressBar::new(total);
-        if let Ok(style) =
-            ProgressStyle::with_template("{msg:>24} [{bar:40}] {pos}/{len} pages {per_sec} ({eta})")
-        {
+        if let Ok(style) = ProgressStyle::with_template("{msg:>24} [{bar:40}] {pos}/{len} pages {per_sec} ({eta})") {
             bar.set_style(style.progress_chars("=> "));
         }
         bar.set_message(what.to_string());

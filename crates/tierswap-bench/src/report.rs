@@ -26,16 +26,8 @@ impl Spread {
         let mut v = xs.to_vec();
         v.sort_by(|a, b| a.total_cmp(b));
         let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
-        Spread {
-            median,
-            min: v[0],
-            max: v[n - 1],
-        }
+        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+        Spread { median, min: v[0], max: v[n - 1] }
     }
 }
 
@@ -81,53 +73,46 @@ pub fn summarize(results: &[RunResult]) -> Vec<Summary> {
             keys.push(k);
         }
     }
-    let mut out: Vec<Summary> = keys
-        .iter()
-        .map(|(w, e)| {
-            let rs: Vec<&RunResult> = results
-                .iter()
-                .filter(|r| &r.workload == w && &r.engine == e)
-                .collect();
-            let col = |f: &dyn Fn(&RunResult) -> f64| {
-                Spread::of(&rs.iter().map(|r| f(r)).collect::<Vec<_>>())
-            };
-            Summary {
-                workload: w.clone(),
-                engine: e.clone(),
-                runs: rs.len(),
-                swapout_s: col(&|r| r.swapout_s),
-                refault_s: col(&|r| r.refault_s),
-                refault_us_per_page: col(&|r| {
-                    if r.refault_pages > 0 {
-                        r.refault_s * 1e6 / r.refault_pages as f64
-                    } else {
-                        0.0
-                    }
-                }),
-                fault_p99_us: col(&|r| r.fault_p99_us as f64),
-                footprint_max_ratio: rs
-                    .iter()
-                    .map(|r| {
-                        if r.budget_bytes > 0 {
-                            r.footprint_max_bytes as f64 / r.budget_bytes as f64
+    let mut out: Vec<Summary> =
+        keys.iter()
+            .map(|(w, e)| {
+                let rs: Vec<&RunResult> = results.iter().filter(|r| &r.workload == w && &r.engine == e).collect();
+                let col = |f: &dyn Fn(&RunResult) -> f64| Spread::of(&rs.iter().map(|r| f(r)).collect::<Vec<_>>());
+                Summary {
+                    workload: w.clone(),
+                    engine: e.clone(),
+                    runs: rs.len(),
+                    swapout_s: col(&|r| r.swapout_s),
+                    refault_s: col(&|r| r.refault_s),
+                    refault_us_per_page: col(&|r| {
+                        if r.refault_pages > 0 {
+                            r.refault_s * 1e6 / r.refault_pages as f64
                         } else {
                             0.0
                         }
-                    })
-                    .fold(0.0, f64::max),
-                mismatches: rs.iter().map(|r| r.mismatches).sum(),
-                pages_verified: rs.iter().map(|r| r.pages_verified).sum(),
-                refault_vs_zswap: None,
-                refault_vs_zram: None,
-                swapout_vs_zswap: None,
-                free_s: col(&|r| r.free_s),
-            }
-        })
-        .collect();
+                    }),
+                    fault_p99_us: col(&|r| r.fault_p99_us as f64),
+                    footprint_max_ratio: rs
+                        .iter()
+                        .map(|r| {
+                            if r.budget_bytes > 0 {
+                                r.footprint_max_bytes as f64 / r.budget_bytes as f64
+                            } else {
+                                0.0
+                            }
+                        })
+                        .fold(0.0, f64::max),
+                    mismatches: rs.iter().map(|r| r.mismatches).sum(),
+                    pages_verified: rs.iter().map(|r| r.pages_verified).sum(),
+                    refault_vs_zswap: None,
+                    refault_vs_zram: None,
+                    swapout_vs_zswap: None,
+                    free_s: col(&|r| r.free_s),
+                }
+            })
+            .collect();
     let base = |out: &[Summary], w: &str, e: &str| {
-        out.iter()
-            .find(|s| s.workload == w && s.engine == e)
-            .map(|s| (s.refault_s.median, s.swapout_s.median))
+        out.iter().find(|s| s.workload == w && s.engine == e).map(|s| (s.refault_s.median, s.swapout_s.median))
     };
     for i in 0..out.len() {
         let w = out[i].workload.clone();
@@ -223,14 +208,7 @@ mod tests {
 
     #[test]
     fn medians_spreads_and_ratios() {
-        assert_eq!(
-            Spread::of(&[3.0, 1.0, 2.0]),
-            Spread {
-                median: 2.0,
-                min: 1.0,
-                max: 3.0
-            }
-        );
+        assert_eq!(Spread::of(&[3.0, 1.0, 2.0]), Spread { median: 2.0, min: 1.0, max: 3.0 });
         assert_eq!(Spread::of(&[4.0, 1.0, 2.0, 3.0]).median, 2.5);
         let rs = vec![
             run("seq64", "tierswap", 1.0),

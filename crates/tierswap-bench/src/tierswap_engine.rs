@@ -26,30 +26,17 @@ impl Engine for TierswapEngine {
     fn setup(&mut self) -> Result<(), EngineError> {
         tierswap::uffd::Uffd::new(tierswap::uffd::features::MOVE, true)
             .map(|_| ())
-            .map_err(|e| EngineError::Unavailable {
-                engine: "tierswap",
-                reason: e.to_string(),
-            })
+            .map_err(|e| EngineError::Unavailable { engine: "tierswap", reason: e.to_string() })
     }
 
     fn run(&mut self, spec: &RunSpec) -> Result<RunResult, EngineError> {
-        let fail = |reason: String| EngineError::Failed {
-            engine: "tierswap",
-            workload: spec.workload.name().into(),
-            reason,
-        };
-        let config = PagerConfig {
-            budget_bytes: spec.budget_bytes,
-            ..spec.pager.clone()
-        };
+        let fail =
+            |reason: String| EngineError::Failed { engine: "tierswap", workload: spec.workload.name().into(), reason };
+        let config = PagerConfig { budget_bytes: spec.budget_bytes, ..spec.pager.clone() };
         let pager = Arc::new(Pager::new(config).map_err(|e| fail(e.to_string()))?);
-        let mut region = pager
-            .region(spec.size_bytes as usize, spec.workload.hint())
-            .map_err(|e| fail(e.to_string()))?;
-        let mem = Mem {
-            ptr: region.as_mut_slice().as_mut_ptr(),
-            len: region.len(),
-        };
+        let mut region =
+            pager.region(spec.size_bytes as usize, spec.workload.hint()).map_err(|e| fail(e.to_string()))?;
+        let mem = Mem { ptr: region.as_mut_slice().as_mut_ptr(), len: region.len() };
         let n_pages = (region.len() / 4096) as u64;
 
         // Sample the footprint every 2 ms while the run lasts.
@@ -66,11 +53,7 @@ impl Engine for TierswapEngine {
         };
 
         let vm0 = read_vmstat();
-        let bar = Progress::new(
-            self.progress,
-            n_pages,
-            &format!("{} fill", spec.workload.name()),
-        );
+        let bar = Progress::new(self.progress, n_pages, &format!("{} fill", spec.workload.name()));
         let t0 = Instant::now();
         workload::fill(spec.workload, mem, spec.threads, &|n| bar.set(n));
         let fill_s = t0.elapsed().as_secs_f64();
@@ -84,11 +67,7 @@ impl Engine for TierswapEngine {
         } else {
             workload::refault_order(spec.workload, n_pages as usize).len() as u64
         };
-        let bar = Progress::new(
-            self.progress,
-            order_len,
-            &format!("{} refault", spec.workload.name()),
-        );
+        let bar = Progress::new(self.progress, order_len, &format!("{} refault", spec.workload.name()));
         let t1 = Instant::now();
         let v = workload::refault(spec.workload, mem, spec.threads, &|n| bar.set(n));
         let refault_s = t1.elapsed().as_secs_f64();
@@ -103,25 +82,15 @@ impl Engine for TierswapEngine {
         let vm1 = read_vmstat();
         let end = pager.stats();
         if end.swap_slots != 0 {
-            return Err(fail(format!(
-                "{} swap slots still in use after the region was dropped",
-                end.swap_slots
-            )));
+            return Err(fail(format!("{} swap slots still in use after the region was dropped", end.swap_slots)));
         }
 
         // Latency percentiles of the refault phase alone.
         let phase = tierswap::Stats {
-            fault_latency_us: after
-                .fault_latency_us
-                .iter()
-                .zip(&before.fault_latency_us)
-                .map(|(a, b)| a - b)
-                .collect(),
+            fault_latency_us: after.fault_latency_us.iter().zip(&before.fault_latency_us).map(|(a, b)| a - b).collect(),
             ..Default::default()
         };
-        let footprint_max = peak
-            .load(Ordering::Relaxed)
-            .max(after.counters.footprint_max);
+        let footprint_max = peak.load(Ordering::Relaxed).max(after.counters.footprint_max);
         Ok(RunResult {
             workload: spec.workload.name().into(),
             engine: EngineKind::Tierswap.name().into(),
@@ -139,12 +108,7 @@ impl Engine for TierswapEngine {
             footprint_max_bytes: footprint_max,
             fault_p50_us: phase.fault_latency_percentile_us(50.0),
             fault_p99_us: phase.fault_latency_percentile_us(99.0),
-            counters: after
-                .counters
-                .pairs()
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect(),
+            counters: after.counters.pairs().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
             kernel_vmstat: vmstat_delta(&vm0, &vm1),
             compressor: format!("{:?}", spec.pager.compressor).to_lowercase(),
         })

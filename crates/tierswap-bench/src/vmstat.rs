@@ -3,21 +3,11 @@
 use std::collections::BTreeMap;
 
 /// The counters the lab reports.
-pub const KEYS: [&str; 7] = [
-    "pswpin",
-    "pswpout",
-    "zswpin",
-    "zswpout",
-    "zswpwb",
-    "swpin_zero",
-    "swpout_zero",
-];
+pub const KEYS: [&str; 7] = ["pswpin", "pswpout", "zswpin", "zswpout", "zswpwb", "swpin_zero", "swpout_zero"];
 
 /// Reads /proc/vmstat (empty if it cannot be read).
 pub fn read_vmstat() -> BTreeMap<String, u64> {
-    std::fs::read_to_string("/proc/vmstat")
-        .map(|s| parse(&s))
-        .unwrap_or_default()
+    std::fs::read_to_string("/proc/vmstat").map(|s| parse(&s)).unwrap_or_default()
 }
 
 fn parse(text: &str) -> BTreeMap<String, u64> {
@@ -30,21 +20,11 @@ fn parse(text: &str) -> BTreeMap<String, u64> {
 }
 
 /// `after - before` for the reported keys and any `workingset_*` / `swap_ra*` key.
-pub fn vmstat_delta(
-    before: &BTreeMap<String, u64>,
-    after: &BTreeMap<String, u64>,
-) -> BTreeMap<String, u64> {
+pub fn vmstat_delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     after
         .iter()
-        .filter(|(k, _)| {
-            KEYS.contains(&k.as_str()) || k.starts_with("workingset_") || k.starts_with("swap_ra")
-        })
-        .map(|(k, v)| {
-            (
-                k.clone(),
-                v.saturating_sub(before.get(k).copied().unwrap_or(0)),
-            )
-        })
+        .filter(|(k, _)| KEYS.contains(&k.as_str()) || k.starts_with("workingset_") || k.starts_with("swap_ra"))
+        .map(|(k, v)| (k.clone(), v.saturating_sub(before.get(k).copied().unwrap_or(0))))
         .collect()
 }
 

@@ -108,9 +108,7 @@ impl WorkloadKind {
     /// One line on what it does, for `--help`.
     pub fn describe(self) -> &'static str {
         match self {
-            WorkloadKind::Usama1g => {
-                "fill every page with compressible per-page data, refault all in order, verify"
-            }
+            WorkloadKind::Usama1g => "fill every page with compressible per-page data, refault all in order, verify",
             WorkloadKind::Seq64 => "refault every page in order, no hint",
             WorkloadKind::Seq64Hint => "refault every page in order, sequential hint",
             WorkloadKind::Stride64Sparse => "refault the first page of each 64K block, in order",
@@ -159,13 +157,10 @@ impl std::str::FromStr for WorkloadKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let s = s.trim();
-        WorkloadKind::ALL
-            .into_iter()
-            .find(|w| w.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = WorkloadKind::ALL.iter().map(|w| w.name()).collect();
-                format!("unknown workload '{s}': workloads are {}", names.join(", "))
-            })
+        WorkloadKind::ALL.into_iter().find(|w| w.name() == s).ok_or_else(|| {
+            let names: Vec<_> = WorkloadKind::ALL.iter().map(|w| w.name()).collect();
+            format!("unknown workload '{s}': workloads are {}", names.join(", "))
+        })
     }
 }
 
@@ -209,9 +204,7 @@ fn page_content(data: Data, p: usize, out: &mut [u8]) {
 
 fn n_threads(threads: usize) -> usize {
     if threads == 0 {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     } else {
         threads
     }
@@ -237,10 +230,7 @@ pub fn refault_order(kind: WorkloadKind, n_pages: usize) -> Vec<usize> {
         WorkloadKind::Stride64Sparse => (0..n_blocks).map(|b| b * BLOCK_PAGES).collect(),
         WorkloadKind::Random64Sparse => {
             // One page per block, at a varying offset, blocks shuffled.
-            shuffled(n_blocks)
-                .into_iter()
-                .map(|b| (b * BLOCK_PAGES + (b * 7) % BLOCK_PAGES).min(n_pages - 1))
-                .collect()
+            shuffled(n_blocks).into_iter().map(|b| (b * BLOCK_PAGES + (b * 7) % BLOCK_PAGES).min(n_pages - 1)).collect()
         }
         WorkloadKind::Random64Full => shuffled(n_blocks)
             .into_iter()
@@ -254,21 +244,14 @@ pub fn refault_order(kind: WorkloadKind, n_pages: usize) -> Vec<usize> {
 fn split(mem: Mem, t: usize) -> Vec<(usize, usize)> {
     let n_pages = mem.len / PAGE;
     let per = n_pages.div_ceil(t);
-    (0..t)
-        .map(|i| (i * per, ((i + 1) * per).min(n_pages)))
-        .filter(|(a, b)| a < b)
-        .collect()
+    (0..t).map(|i| (i * per, ((i + 1) * per).min(n_pages))).filter(|(a, b)| a < b).collect()
 }
 
 /// Writes every page's content. `threads` 0 means one per CPU (threaded workloads only;
 /// the others fill from one thread); `progress` is called with pages done so far.
 pub fn fill(kind: WorkloadKind, mem: Mem, threads: usize, progress: &(dyn Fn(u64) + Sync)) {
     let data = kind.data();
-    let t = if kind.is_threaded() {
-        n_threads(threads)
-    } else {
-        1
-    };
+    let t = if kind.is_threaded() { n_threads(threads) } else { 1 };
     let done = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|sc| {
         for (from, to) in split(mem, t) {
@@ -277,8 +260,7 @@ pub fn fill(kind: WorkloadKind, mem: Mem, threads: usize, progress: &(dyn Fn(u64
                 let mem: Mem = mem; // the whole Mem (Send), not its raw pointer field
                 for p in from..to {
                     // SAFETY: page p lies in mem, and only this thread writes it.
-                    let page =
-                        unsafe { std::slice::from_raw_parts_mut(mem.ptr.add(p * PAGE), PAGE) };
+                    let page = unsafe { std::slice::from_raw_parts_mut(mem.ptr.add(p * PAGE), PAGE) };
                     page_content(data, p, page);
                     if p % 1024 == 1023 {
                         progress(done.fetch_add(1024, std::sync::atomic::Ordering::Relaxed) + 1024);
@@ -292,27 +274,15 @@ pub fn fill(kind: WorkloadKind, mem: Mem, threads: usize, progress: &(dyn Fn(u64
 
 /// Touches pages in the workload's refault order, comparing every byte of each touched
 /// page with what [`fill`] wrote. `threads` as in [`fill`].
-pub fn refault(
-    kind: WorkloadKind,
-    mem: Mem,
-    threads: usize,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Verify {
+pub fn refault(kind: WorkloadKind, mem: Mem, threads: usize, progress: &(dyn Fn(u64) + Sync)) -> Verify {
     let data = kind.data();
     let n_pages = mem.len / PAGE;
-    let t = if kind.is_threaded() {
-        n_threads(threads)
-    } else {
-        1
-    };
+    let t = if kind.is_threaded() { n_threads(threads) } else { 1 };
     let done = std::sync::atomic::AtomicU64::new(0);
     let parts: Vec<Vec<usize>> = if t == 1 {
         vec![refault_order(kind, n_pages)]
     } else {
-        split(mem, t)
-            .into_iter()
-            .map(|(a, b)| (a..b).collect())
-            .collect()
+        split(mem, t).into_iter().map(|(a, b)| (a..b).collect()).collect()
     };
     let results: Vec<Verify> = std::thread::scope(|sc| {
         let handles: Vec<_> = parts
@@ -325,8 +295,7 @@ pub fn refault(
                     let mut v = Verify::default();
                     for (k, &p) in order.iter().enumerate() {
                         // SAFETY: page p lies in mem; refault only reads.
-                        let page =
-                            unsafe { std::slice::from_raw_parts(mem.ptr.add(p * PAGE), PAGE) };
+                        let page = unsafe { std::slice::from_raw_parts(mem.ptr.add(p * PAGE), PAGE) };
                         page_content(data, p, &mut expect);
                         v.pages_touched += 1;
                         v.pages_verified += 1;
@@ -334,19 +303,14 @@ pub fn refault(
                             v.mismatches += 1;
                         }
                         if k % 1024 == 1023 {
-                            progress(
-                                done.fetch_add(1024, std::sync::atomic::Ordering::Relaxed) + 1024,
-                            );
+                            progress(done.fetch_add(1024, std::sync::atomic::Ordering::Relaxed) + 1024);
                         }
                     }
                     v
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_default())
-            .collect()
+        handles.into_iter().map(|h| h.join().unwrap_or_default()).collect()
     });
     let total = results.iter().fold(Verify::default(), |a, b| Verify {
         pages_touched: a.pages_touched + b.pages_touched,
@@ -369,10 +333,7 @@ mod tests {
     fn fill_then_refault_verifies_every_workload() {
         for kind in WorkloadKind::ALL {
             let mut buf = buffer(4 << 20);
-            let mem = Mem {
-                ptr: buf.as_mut_ptr(),
-                len: buf.len(),
-            };
+            let mem = Mem { ptr: buf.as_mut_ptr(), len: buf.len() };
             fill(kind, mem, 2, &|_| {});
             let v = refault(kind, mem, 2, &|_| {});
             assert_eq!(v.mismatches, 0, "{}", kind.name());
@@ -382,16 +343,8 @@ mod tests {
             // One flipped byte is one mismatching page, wherever it is touched.
             let p = refault_order(kind, 1024)[3];
             buf[p * PAGE + 100] ^= 1;
-            let mem = Mem {
-                ptr: buf.as_mut_ptr(),
-                len: buf.len(),
-            };
-            assert_eq!(
-                refault(kind, mem, 2, &|_| {}).mismatches,
-                1,
-                "{}",
-                kind.name()
-            );
+            let mem = Mem { ptr: buf.as_mut_ptr(), len: buf.len() };
+            assert_eq!(refault(kind, mem, 2, &|_| {}).mismatches, 1, "{}", kind.name());
         }
     }
 
@@ -401,11 +354,7 @@ mod tests {
         let sparse = refault_order(WorkloadKind::Random64Sparse, n);
         let blocks: std::collections::HashSet<_> = sparse.iter().map(|p| p / BLOCK_PAGES).collect();
         assert_eq!(sparse.len(), n.div_ceil(BLOCK_PAGES));
-        assert_eq!(
-            blocks.len(),
-            sparse.len(),
-            "one page per block, each block once"
-        );
+        assert_eq!(blocks.len(), sparse.len(), "one page per block, each block once");
         assert_ne!(
             sparse,
             {
@@ -419,36 +368,21 @@ mod tests {
         let mut sorted = full.clone();
         sorted.sort();
         assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "every page once");
-        assert_eq!(
-            refault_order(WorkloadKind::Stride64Sparse, n)[1],
-            BLOCK_PAGES
-        );
-        assert_eq!(
-            refault_order(WorkloadKind::Seq64, n),
-            (0..n).collect::<Vec<_>>()
-        );
+        assert_eq!(refault_order(WorkloadKind::Stride64Sparse, n)[1], BLOCK_PAGES);
+        assert_eq!(refault_order(WorkloadKind::Seq64, n), (0..n).collect::<Vec<_>>());
     }
 
     #[test]
     fn data_kinds() {
         let mut page = vec![0u8; PAGE];
         page_content(Data::Counter, 3, &mut page);
-        assert_eq!(
-            u64::from_le_bytes(page[8..16].try_into().unwrap()),
-            3 * 512 + 1
-        );
+        assert_eq!(u64::from_le_bytes(page[8..16].try_into().unwrap()), 3 * 512 + 1);
         let c = lz4_flex::block::compress_prepend_size(&page);
         assert!(c.len() < PAGE * 3 / 4, "counter pages compress");
         page_content(Data::Random, 3, &mut page);
         let r = lz4_flex::block::compress_prepend_size(&page);
         assert!(r.len() > PAGE, "random pages do not");
-        assert_eq!(
-            "usama_1g".parse::<WorkloadKind>(),
-            Ok(WorkloadKind::Usama1g)
-        );
-        assert!("nope"
-            .parse::<WorkloadKind>()
-            .unwrap_err()
-            .contains("usama_1g"));
+        assert_eq!("usama_1g".parse::<WorkloadKind>(), Ok(WorkloadKind::Usama1g));
+        assert!("nope".parse::<WorkloadKind>().unwrap_err().contains("usama_1g"));
     }
 }

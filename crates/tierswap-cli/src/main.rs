@@ -124,16 +124,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.command {
         Command::Bench(b) => bench(b),
-        Command::Run { .. } => Err(UserError(
-            "`tierswap run` is not built yet (issue 7); use the library or `tierswap bench`".into(),
-        )),
-        Command::Stat { .. } => Err(UserError(
-            "`tierswap stat` is not built yet (issue 7)".into(),
-        )),
-        Command::BenchChild { arg } => Err(UserError(format!(
-            "no kernel engine child in this build ({} bytes of arguments)",
-            arg.len()
-        ))),
+        Command::Run { .. } => {
+            Err(UserError("`tierswap run` is not built yet (issue 7); use the library or `tierswap bench`".into()))
+        }
+        Command::Stat { .. } => Err(UserError("`tierswap stat` is not built yet (issue 7)".into())),
+        Command::BenchChild { arg } => Ok(ExitCode::from(tierswap_bench::kernel::child_main(&arg) as u8)),
     };
     match res {
         Ok(code) => code,
@@ -166,34 +161,17 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
     }
     let workloads: Vec<WorkloadKind> = match (&b.suite, b.workload.is_empty()) {
         (Some(s), _) if s == "seed" => WorkloadKind::SEED_SUITE.to_vec(),
-        (Some(s), _) => {
-            return Err(UserError(format!(
-                "unknown suite '{s}': the suite is 'seed'"
-            )))
-        }
+        (Some(s), _) => return Err(UserError(format!("unknown suite '{s}': the suite is 'seed'"))),
         (None, true) => {
-            return Err(UserError(
-                "no workload: give --workload W[,W…] or --suite seed (see --help)".into(),
-            ))
+            return Err(UserError("no workload: give --workload W[,W…] or --suite seed (see --help)".into()))
         }
-        (None, false) => b
-            .workload
-            .iter()
-            .map(|w| w.parse::<WorkloadKind>())
-            .collect::<Result<_, _>>()?,
+        (None, false) => b.workload.iter().map(|w| w.parse::<WorkloadKind>()).collect::<Result<_, _>>()?,
     };
-    let engines: Vec<EngineKind> = b
-        .engine
-        .iter()
-        .map(|e| e.parse::<EngineKind>())
-        .collect::<Result<_, _>>()?;
+    let engines: Vec<EngineKind> = b.engine.iter().map(|e| e.parse::<EngineKind>()).collect::<Result<_, _>>()?;
     let size_bytes = size("--size", &b.size)?;
     let budget_bytes = size("--budget", &b.budget)?;
     if size_bytes < 1 << 20 {
-        return Err(UserError(format!(
-            "--size {} is too small: give at least 1M",
-            b.size
-        )));
+        return Err(UserError(format!("--size {} is too small: give at least 1M", b.size)));
     }
     if b.runs == 0 {
         return Err(UserError("--runs must be at least 1".into()));
@@ -203,15 +181,12 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
     let pool_max_bytes = match &b.pool_max {
         None => None,
         Some(p) if p.ends_with('%') => {
-            let pct: f64 = p[..p.len() - 1].trim().parse().map_err(|_| {
-                UserError(format!(
-                    "--pool-max '{p}': give bytes like 64M or a percentage like 25%"
-                ))
-            })?;
+            let pct: f64 = p[..p.len() - 1]
+                .trim()
+                .parse()
+                .map_err(|_| UserError(format!("--pool-max '{p}': give bytes like 64M or a percentage like 25%")))?;
             if !(0.0..=100.0).contains(&pct) {
-                return Err(UserError(format!(
-                    "--pool-max '{p}': a percentage is between 0% and 100%"
-                )));
+                return Err(UserError(format!("--pool-max '{p}': a percentage is between 0% and 100%")));
             }
             Some((budget_bytes as f64 * pct / 100.0) as u64)
         }
@@ -228,20 +203,11 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
     pager.validate()?;
     if let Some(dir) = &b.swap_dir {
         if !dir.is_dir() {
-            return Err(UserError(format!(
-                "--swap-dir {}: not a directory",
-                dir.display()
-            )));
+            return Err(UserError(format!("--swap-dir {}: not a directory", dir.display())));
         }
     }
-    let kernel = KernelOptions {
-        swap_dir: b.swap_dir.clone(),
-        zswap_max_pool_percent: b.zswap_max_pool_percent,
-    };
-    let mut boxes: Vec<_> = engines
-        .iter()
-        .map(|&k| make_engine(k, progress, &kernel))
-        .collect();
+    let kernel = KernelOptions { swap_dir: b.swap_dir.clone(), zswap_max_pool_percent: b.zswap_max_pool_percent };
+    let mut boxes: Vec<_> = engines.iter().map(|&k| make_engine(k, progress, &kernel)).collect();
     let plan = lab::Plan {
         workloads,
         runs: b.runs,
@@ -258,13 +224,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
     let machine = tierswap_bench::machine::Machine::detect();
     let out = lab::run(&plan, &mut boxes, &mut |line| eprintln!("{line}"));
     if out.results.is_empty() {
-        let why = out
-            .skipped
-            .iter()
-            .chain(&out.failures)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("; ");
+        let why = out.skipped.iter().chain(&out.failures).cloned().collect::<Vec<_>>().join("; ");
         return Err(UserError(format!("no run completed: {why}")));
     }
     let summaries = report::summarize(&out.results);
@@ -290,8 +250,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
             problems: out.skipped.iter().chain(&out.failures).cloned().collect(),
         };
         let text = serde_json::to_string_pretty(&doc)?;
-        std::fs::write(path, text)
-            .map_err(|e| UserError(format!("cannot write {}: {e}", path.display())))?;
+        std::fs::write(path, text).map_err(|e| UserError(format!("cannot write {}: {e}", path.display())))?;
     }
     let mismatches: u64 = out.results.iter().map(|r| r.mismatches).sum();
     if mismatches > 0 {

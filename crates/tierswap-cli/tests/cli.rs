@@ -4,66 +4,33 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};
 
 fn tierswap(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tierswap"))
-        .args(args)
-        .output()
-        .expect("run tierswap")
+    Command::new(env!("CARGO_BIN_EXE_tierswap")).args(args).output().expect("run tierswap")
 }
 
 fn assert_usage_error(args: &[&str], needle: &str) {
     let out = tierswap(args);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-    assert!(
-        err.contains(needle),
-        "{args:?}: expected '{needle}' in: {err}"
-    );
+    assert!(err.contains(needle), "{args:?}: expected '{needle}' in: {err}");
     assert!(out.stdout.is_empty(), "{args:?}: nothing on stdout");
 }
 
 #[test]
 fn bad_input_is_one_line_and_exit_2() {
-    assert_usage_error(
-        &["bench", "--workload", "usama_1g", "--size", "12Q"],
-        "cannot parse size '12Q'",
-    );
-    assert_usage_error(
-        &["bench", "--workload", "usama_1g", "--budget", "lots"],
-        "--budget",
-    );
-    assert_usage_error(
-        &["bench", "--workload", "nope"],
-        "unknown workload 'nope': workloads are usama_1g",
-    );
-    assert_usage_error(
-        &["bench", "--workload", "seq64", "--engine", "zfs"],
-        "unknown engine 'zfs'",
-    );
-    assert_usage_error(
-        &["bench", "--workload", "seq64", "--budget", "1M"],
-        "below the minimum",
-    );
-    assert_usage_error(
-        &["bench", "--workload", "seq64", "--tiers", "zero"],
-        "nowhere to store",
-    );
-    assert_usage_error(
-        &["bench", "--workload", "seq64", "--pool-max", "150%"],
-        "--pool-max",
-    );
+    assert_usage_error(&["bench", "--workload", "usama_1g", "--size", "12Q"], "cannot parse size '12Q'");
+    assert_usage_error(&["bench", "--workload", "usama_1g", "--budget", "lots"], "--budget");
+    assert_usage_error(&["bench", "--workload", "nope"], "unknown workload 'nope': workloads are usama_1g");
+    assert_usage_error(&["bench", "--workload", "seq64", "--engine", "zfs"], "unknown engine 'zfs'");
+    assert_usage_error(&["bench", "--workload", "seq64", "--budget", "1M"], "below the minimum");
+    assert_usage_error(&["bench", "--workload", "seq64", "--tiers", "zero"], "nowhere to store");
+    assert_usage_error(&["bench", "--workload", "seq64", "--pool-max", "150%"], "--pool-max");
     assert_usage_error(&["bench"], "no workload");
     assert_usage_error(&["bench", "--suite", "big"], "unknown suite");
     assert_usage_error(&["bench", "--workload", "seq64", "--runs", "0"], "--runs");
     assert_usage_error(&["bench", "metadata", "--swapped", "x"], "--swapped");
     // clap's own usage errors exit 2 too.
-    assert_eq!(
-        tierswap(&["bench", "--no-such-flag"]).status.code(),
-        Some(2)
-    );
-    for args in [
-        &["bench", "--workload", "seq64", "--size", "12Q"][..],
-        &["bench", "--workload", "nope"],
-    ] {
+    assert_eq!(tierswap(&["bench", "--no-such-flag"]).status.code(), Some(2));
+    for args in [&["bench", "--workload", "seq64", "--size", "12Q"][..], &["bench", "--workload", "nope"]] {
         let err = String::from_utf8_lossy(&tierswap(args).stderr).to_string();
         assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
         assert!(err.starts_with("tierswap: "));
@@ -75,17 +42,7 @@ fn help_explains() {
     let out = tierswap(&["bench", "--help"]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for word in [
-        "--workload",
-        "--suite",
-        "--engine",
-        "--size",
-        "--budget",
-        "--runs",
-        "--json",
-        "floor",
-        "metadata",
-    ] {
+    for word in ["--workload", "--suite", "--engine", "--size", "--budget", "--runs", "--json", "floor", "metadata"] {
         assert!(text.contains(word), "--help lacks {word}");
     }
 }
@@ -96,37 +53,14 @@ fn without_userfaultfd_permission_it_says_what_to_enable() {
     if unsafe { libc::getuid() } != 0 {
         panic!("this test drops to uid 65534 and needs root to do so (CI runs as root)");
     }
-    let unprivileged =
-        std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
-    assert_eq!(
-        unprivileged.trim(),
-        "0",
-        "the test assumes vm.unprivileged_userfaultfd=0 (the default)"
-    );
+    let unprivileged = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    assert_eq!(unprivileged.trim(), "0", "the test assumes vm.unprivileged_userfaultfd=0 (the default)");
     let tmp = std::env::temp_dir().join(format!("tierswap-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     // SAFETY: chmod of our own fresh directory path.
-    unsafe {
-        libc::chmod(
-            std::ffi::CString::new(tmp.to_str().unwrap())
-                .unwrap()
-                .as_ptr(),
-            0o777,
-        )
-    };
+    unsafe { libc::chmod(std::ffi::CString::new(tmp.to_str().unwrap()).unwrap().as_ptr(), 0o777) };
     let out = Command::new(env!("CARGO_BIN_EXE_tierswap"))
-        .args([
-            "bench",
-            "--workload",
-            "seq64",
-            "--size",
-            "4M",
-            "--budget",
-            "4M",
-            "--runs",
-            "1",
-            "--quiet",
-        ])
+        .args(["bench", "--workload", "seq64", "--size", "4M", "--budget", "4M", "--runs", "1", "--quiet"])
         .env("TMPDIR", &tmp)
         .uid(65534)
         .gid(65534)

@@ -71,11 +71,7 @@ pub struct Tiers {
 
 impl Default for Tiers {
     fn default() -> Self {
-        Tiers {
-            zero: true,
-            pool: true,
-            file: true,
-        }
+        Tiers { zero: true, pool: true, file: true }
     }
 }
 
@@ -83,11 +79,7 @@ impl std::str::FromStr for Tiers {
     type Err = ConfigError;
     /// Parses a comma-separated list such as `zero,pool,file`.
     fn from_str(s: &str) -> Result<Self, ConfigError> {
-        let mut t = Tiers {
-            zero: false,
-            pool: false,
-            file: false,
-        };
+        let mut t = Tiers { zero: false, pool: false, file: false };
         for word in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
             match word {
                 "zero" => t.zero = true,
@@ -155,9 +147,7 @@ impl PagerConfig {
     /// Checks the configuration, saying what to change when it cannot work.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.budget_bytes < MIN_BUDGET_BYTES {
-            return Err(ConfigError::BudgetTooSmall {
-                budget_bytes: self.budget_bytes,
-            });
+            return Err(ConfigError::BudgetTooSmall { budget_bytes: self.budget_bytes });
         }
         if !self.tiers.pool && !self.tiers.file {
             return Err(ConfigError::NoStorageTier(format!("{:?}", self.tiers)));
@@ -195,10 +185,7 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
     let err = || ConfigError::Size(s.to_string());
     let t = s.trim();
     let lower = t.to_ascii_lowercase();
-    let body = lower
-        .strip_suffix("ib")
-        .or_else(|| lower.strip_suffix('b'))
-        .unwrap_or(&lower);
+    let body = lower.strip_suffix("ib").or_else(|| lower.strip_suffix('b')).unwrap_or(&lower);
     let (num, shift) = match body.chars().last() {
         Some('k') => (&body[..body.len() - 1], 10),
         Some('m') => (&body[..body.len() - 1], 20),
@@ -245,34 +232,18 @@ mod tests {
 
     #[test]
     fn tiers_and_compressors() {
-        assert_eq!(
-            "zero,pool".parse::<Tiers>(),
-            Ok(Tiers {
-                zero: true,
-                pool: true,
-                file: false
-            })
-        );
+        assert_eq!("zero,pool".parse::<Tiers>(), Ok(Tiers { zero: true, pool: true, file: false }));
         assert!("zero".parse::<Tiers>().is_err());
         assert!("zero,disk".parse::<Tiers>().is_err());
-        assert_eq!(
-            "zstd:3".parse::<Compressor>(),
-            Ok(Compressor::Zstd { level: 3 })
-        );
+        assert_eq!("zstd:3".parse::<Compressor>(), Ok(Compressor::Zstd { level: 3 }));
         assert!("zstd:99".parse::<Compressor>().is_err());
         assert!("gzip".parse::<Compressor>().is_err());
     }
 
     #[test]
     fn budget_minimum() {
-        let c = PagerConfig {
-            budget_bytes: 1 << 20,
-            ..Default::default()
-        };
-        assert!(matches!(
-            c.validate(),
-            Err(ConfigError::BudgetTooSmall { .. })
-        ));
+        let c = PagerConfig { budget_bytes: 1 << 20, ..Default::default() };
+        assert!(matches!(c.validate(), Err(ConfigError::BudgetTooSmall { .. })));
         assert!(PagerConfig::default().validate().is_ok());
     }
 

@@ -118,9 +118,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
         PteState::None => {
             install_zero(s, page_addr, write);
             s.present_pages.fetch_add(1, Ordering::Relaxed);
-            s.counters
-                .faults_first_touch
-                .fetch_add(1, Ordering::Relaxed);
+            s.counters.faults_first_touch.fetch_add(1, Ordering::Relaxed);
             Pte::present()
         }
         PteState::Present => {
@@ -160,8 +158,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
 
 fn finish_fault(s: &Shared, t0: Instant) {
     s.counters.faults.fetch_add(1, Ordering::Relaxed);
-    s.counters
-        .record_fault_latency(t0.elapsed().as_micros() as u64);
+    s.counters.record_fault_latency(t0.elapsed().as_micros() as u64);
     if s.footprint_bytes() > s.high_watermark() {
         s.kick_reclaim();
     }
@@ -185,9 +182,7 @@ fn wait_for_room(s: &Shared) {
             return;
         }
         let gen = *g;
-        let (g2, _) = cv
-            .wait_timeout(g, Duration::from_millis(5))
-            .unwrap_or_else(|e| e.into_inner());
+        let (g2, _) = cv.wait_timeout(g, Duration::from_millis(5)).unwrap_or_else(|e| e.into_inner());
         g = g2;
         if *g != gen && s.footprint_bytes() <= s.budget() {
             return;
@@ -267,9 +262,7 @@ fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) {
     }
     s.staged_pages.fetch_sub(moved_pages, Ordering::Relaxed);
     s.present_pages.fetch_add(moved_pages, Ordering::Relaxed);
-    s.counters
-        .pgactivate
-        .fetch_add(moved_pages as u64, Ordering::Relaxed);
+    s.counters.pgactivate.fetch_add(moved_pages as u64, Ordering::Relaxed);
 }
 
 /// Moves locked staged pages `[from, to)` from the mirror back into the region and unlocks
@@ -282,10 +275,7 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
         // SAFETY: the pages [i, to) are locked staged pages: their only copy is at the same
         // offset in the mirror, which only the pager touches, and the program's range there
         // is empty (the program faults on it). Moving them back is what the program expects.
-        let res = unsafe {
-            s.uffd
-                .move_pages(r.page_addr(i), r.mirror_addr(i), len, false, false)
-        };
+        let res = unsafe { s.uffd.move_pages(r.page_addr(i), r.mirror_addr(i), len, false, false) };
         let done_pages = match res {
             Ok(bytes) => bytes / PAGE_SIZE,
             Err(uffd::Error::NoPage { done_bytes, .. }) => {
@@ -300,10 +290,7 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
                 done_bytes / PAGE_SIZE + 1
             }
             Err(uffd::Error::Again { done_bytes, .. }) => done_bytes / PAGE_SIZE,
-            Err(e) => fatal(&format!(
-                "moving a staged page back to {:#x} failed: {e}",
-                r.page_addr(i)
-            )),
+            Err(e) => fatal(&format!("moving a staged page back to {:#x} failed: {e}", r.page_addr(i))),
         };
         for k in i..i + done_pages {
             let old = r.ptes.load(k);
@@ -317,23 +304,14 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
 
 /// Reads slot `slot`'s bytes into `scratch.page`. `Ok(None)` means a zero page (nothing to
 /// copy). The slot keeps its reference; the caller puts it.
-pub(crate) fn read_slot(
-    s: &Shared,
-    slot: u64,
-    scratch: &mut Scratch,
-) -> Result<Option<()>, ReadFail> {
+pub(crate) fn read_slot(s: &Shared, slot: u64, scratch: &mut Scratch) -> Result<Option<()>, ReadFail> {
     let e = s.swap.lock(slot);
     let res = read_entry(s, slot, e, scratch);
     s.swap.unlock(slot, e, e);
     res
 }
 
-fn read_entry(
-    s: &Shared,
-    slot: u64,
-    e: SwapEntry,
-    scratch: &mut Scratch,
-) -> Result<Option<()>, ReadFail> {
+fn read_entry(s: &Shared, slot: u64, e: SwapEntry, scratch: &mut Scratch) -> Result<Option<()>, ReadFail> {
     let page = &mut scratch.page.as_mut_slice()[..PAGE_SIZE];
     match e.tag() {
         Tag::Zero => {
@@ -347,8 +325,7 @@ fn read_entry(
         }
         Tag::Pool => {
             let (h, len) = e.addr_len();
-            let handle = PoolHandle::from_raw(h)
-                .ok_or_else(|| ReadFail::Corrupt(format!("bad pool handle {h:#x}")))?;
+            let handle = PoolHandle::from_raw(h).ok_or_else(|| ReadFail::Corrupt(format!("bad pool handle {h:#x}")))?;
             // SAFETY: the entry is locked and points at this object, so it stays allocated
             // until we unlock.
             let obj = unsafe { s.pool.object(handle, len) };
@@ -356,49 +333,38 @@ fn read_entry(
                 page.copy_from_slice(obj);
             } else {
                 decompress(s.config.compressor, obj, page).map_err(|err| {
-                    ReadFail::Corrupt(format!(
-                        "pool object of slot {slot} does not decompress: {err}"
-                    ))
+                    ReadFail::Corrupt(format!("pool object of slot {slot} does not decompress: {err}"))
                 })?;
             }
             s.counters.zswpin.fetch_add(1, Ordering::Relaxed);
             Ok(Some(()))
         }
         Tag::File => {
-            let file = s
-                .file
-                .as_ref()
-                .ok_or_else(|| ReadFail::Corrupt("file entry without a file tier".into()))?;
+            let file = s.file.as_ref().ok_or_else(|| ReadFail::Corrupt("file entry without a file tier".into()))?;
             let (off, len) = e.addr_len();
-            file.read(off, len, slot, &mut scratch.io, &mut scratch.compressed)
-                .map_err(|err| match err {
-                    crate::backend::file::FileError::Corrupt { .. } => {
-                        s.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
-                        ReadFail::Corrupt(err.to_string())
-                    }
-                    _ => {
-                        s.counters.read_errors.fetch_add(1, Ordering::Relaxed);
-                        ReadFail::Io(err.to_string())
-                    }
-                })?;
+            file.read(off, len, slot, &mut scratch.io, &mut scratch.compressed).map_err(|err| match err {
+                crate::backend::file::FileError::Corrupt { .. } => {
+                    s.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                    ReadFail::Corrupt(err.to_string())
+                }
+                _ => {
+                    s.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                    ReadFail::Io(err.to_string())
+                }
+            })?;
             if len == PAGE_SIZE {
                 page.copy_from_slice(&scratch.compressed[..PAGE_SIZE]);
             } else {
-                decompress(s.config.compressor, &scratch.compressed[..len], page).map_err(
-                    |err| {
-                        ReadFail::Corrupt(format!(
-                            "file record of slot {slot} does not decompress: {err}"
-                        ))
-                    },
-                )?;
+                decompress(s.config.compressor, &scratch.compressed[..len], page).map_err(|err| {
+                    ReadFail::Corrupt(format!("file record of slot {slot} does not decompress: {err}"))
+                })?;
             }
             s.counters.pswpin.fetch_add(1, Ordering::Relaxed);
             Ok(Some(()))
         }
-        Tag::Free | Tag::Reserved | Tag::Remote => Err(ReadFail::Corrupt(format!(
-            "slot {slot} is {:?}, not a placed page",
-            e.tag()
-        ))),
+        Tag::Free | Tag::Reserved | Tag::Remote => {
+            Err(ReadFail::Corrupt(format!("slot {slot} is {:?}, not a placed page", e.tag())))
+        }
     }
 }
 
@@ -434,7 +400,9 @@ pub(crate) fn free_backend(s: &Shared, e: SwapEntry) {
 
 /// A page that cannot be read is never returned as data: the faulting thread gets SIGBUS.
 fn poison(s: &Shared, addr: usize, slot: u64, fail: &ReadFail) {
-    eprintln!("tierswap: page at {addr:#x} (slot {slot}) cannot be read back ({fail}); the accessing thread gets SIGBUS");
+    eprintln!(
+        "tierswap: page at {addr:#x} (slot {slot}) cannot be read back ({fail}); the accessing thread gets SIGBUS"
+    );
     match s.uffd.poison(addr, PAGE_SIZE, false) {
         Ok(_) => {}
         Err(uffd::Error::PageExist { .. }) => {

@@ -47,9 +47,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// A region of zero bytes, or larger than the address space allows.
-    #[error(
-        "cannot create a region of {len_bytes} bytes: give a length between 1 byte and 64 TiB"
-    )]
+    #[error("cannot create a region of {len_bytes} bytes: give a length between 1 byte and 64 TiB")]
     RegionSize {
         /// The length asked for.
         len_bytes: usize,
@@ -140,13 +138,8 @@ pub(crate) struct Shared {
 impl Shared {
     /// The footprint: present + staged pages, pool spans, one file unit buffer, metadata.
     pub(crate) fn footprint_bytes(&self) -> u64 {
-        let pages =
-            self.present_pages.load(Ordering::Relaxed) + self.staged_pages.load(Ordering::Relaxed);
-        let file_buf = if self.file.is_some() {
-            DEFAULT_UNIT_BYTES as u64
-        } else {
-            0
-        };
+        let pages = self.present_pages.load(Ordering::Relaxed) + self.staged_pages.load(Ordering::Relaxed);
+        let file_buf = if self.file.is_some() { DEFAULT_UNIT_BYTES as u64 } else { 0 };
         pages.max(0) as u64 * PAGE_SIZE as u64
             + self.pool.total_bytes()
             + file_buf
@@ -190,12 +183,7 @@ impl Shared {
     }
 
     pub(crate) fn region_by_id(&self, id: u64) -> Option<Arc<RegionInner>> {
-        self.regions
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .find(|r| r.id == id)
-            .cloned()
+        self.regions.read().unwrap_or_else(|e| e.into_inner()).iter().find(|r| r.id == id).cloned()
     }
 
     /// Recomputes the metadata gauge (reclaim calls this now and then).
@@ -261,11 +249,7 @@ impl Drop for Threads {
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a local u64 to our own eventfd.
         unsafe {
-            libc::write(
-                self.shared.stop_fd.as_raw_fd(),
-                &one as *const u64 as *const libc::c_void,
-                8,
-            );
+            libc::write(self.shared.stop_fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8);
         }
         self.shared.kick_reclaim();
         {
@@ -297,14 +281,8 @@ impl Pager {
     pub fn new(config: PagerConfig) -> Result<Pager> {
         config.validate()?;
         let uffd = Uffd::new(uffd::features::MOVE, true)?;
-        let pool = Pool::new(
-            (config.budget_bytes as usize)
-                .saturating_mul(8)
-                .max(4 << 30),
-        )
-        .map_err(io_err(
-            "cannot reserve address space for the compressed pool",
-        ))?;
+        let pool = Pool::new((config.budget_bytes as usize).saturating_mul(8).max(4 << 30))
+            .map_err(io_err("cannot reserve address space for the compressed pool"))?;
         let file = if config.tiers.file {
             let dir = config.swap_dir();
             Some(FileTier::create(&dir, DEFAULT_UNIT_BYTES).map_err(io_err(format!(
@@ -314,20 +292,13 @@ impl Pager {
         } else {
             None
         };
-        let n_fault = if config.fault_threads == 0 {
-            sys::online_cpus()
-        } else {
-            config.fault_threads
-        };
-        let swap = SwapSpace::new(DEFAULT_MAX_SLOTS, 1)
-            .map_err(io_err("cannot reserve address space for the swap table"))?;
+        let n_fault = if config.fault_threads == 0 { sys::online_cpus() } else { config.fault_threads };
+        let swap =
+            SwapSpace::new(DEFAULT_MAX_SLOTS, 1).map_err(io_err("cannot reserve address space for the swap table"))?;
         // SAFETY: eventfd creates a new fd we own at once.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if efd < 0 {
-            return Err(Error::Io {
-                what: "eventfd".into(),
-                source: std::io::Error::last_os_error(),
-            });
+            return Err(Error::Io { what: "eventfd".into(), source: std::io::Error::last_os_error() });
         }
         // SAFETY: efd is a fresh fd nobody else owns.
         let stop_fd = unsafe { OwnedFd::from_raw_fd(efd) };
@@ -368,10 +339,7 @@ impl Pager {
                 .spawn(move || guarded("the reclaim thread", || crate::reclaim::reclaim_thread(s)))
                 .map_err(io_err("cannot start the reclaim thread"))?,
         );
-        let threads = Arc::new(Threads {
-            shared: shared.clone(),
-            handles,
-        });
+        let threads = Arc::new(Threads { shared: shared.clone(), handles });
         Ok(Pager { shared, threads })
     }
 
@@ -382,8 +350,7 @@ impl Pager {
         }
         let n_pages = pages_for(len_bytes);
         let len = pages_to_bytes(n_pages);
-        let start = sys::mmap_reserve(len)
-            .map_err(io_err(format!("cannot map a region of {len} bytes")))?;
+        let start = sys::mmap_reserve(len).map_err(io_err(format!("cannot map a region of {len} bytes")))?;
         let mirror = match sys::mmap_reserve(len) {
             Ok(m) => m,
             Err(e) => {
@@ -409,15 +376,8 @@ impl Pager {
         }
         // SAFETY: as above.
         let _ = unsafe { sys::madvise(mirror, len, libc::MADV_DONTDUMP) };
-        let mode = RegisterMode {
-            missing: true,
-            wp: false,
-            minor: false,
-        };
-        self.shared
-            .uffd
-            .register(start, len, mode)
-            .map_err(|e| undo(e.into()))?;
+        let mode = RegisterMode { missing: true, wp: false, minor: false };
+        self.shared.uffd.register(start, len, mode).map_err(|e| undo(e.into()))?;
         if let Err(e) = self.shared.uffd.register(mirror, len, mode) {
             let _ = self.shared.uffd.unregister(start, len);
             return Err(undo(e.into()));
@@ -438,16 +398,8 @@ impl Pager {
             dead: AtomicBool::new(false),
             reclaim_lock: Mutex::new(()),
         });
-        self.shared
-            .regions
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(inner.clone());
-        Ok(Region {
-            inner,
-            shared: self.shared.clone(),
-            _threads: self.threads.clone(),
-        })
+        self.shared.regions.write().unwrap_or_else(|e| e.into_inner()).push(inner.clone());
+        Ok(Region { inner, shared: self.shared.clone(), _threads: self.threads.clone() })
     }
 
     /// The configuration in force.
@@ -577,10 +529,7 @@ impl Drop for Region {
         let r = &self.inner;
         let s = &self.shared;
         r.dead.store(true, Ordering::SeqCst);
-        s.regions
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|x| x.id != r.id);
+        s.regions.write().unwrap_or_else(|e| e.into_inner()).retain(|x| x.id != r.id);
         // Wait for reclaim to finish anything it started on this region.
         let _guard = r.reclaim_lock.lock().unwrap_or_else(|e| e.into_inner());
         let (mut present, mut staged) = (0i64, 0i64);

@@ -222,11 +222,7 @@ impl PageTable {
 
     #[inline]
     fn word(&self, idx_page: usize) -> &AtomicU64 {
-        assert!(
-            idx_page < self.n_pages,
-            "pte index {idx_page} beyond {} pages",
-            self.n_pages
-        );
+        assert!(idx_page < self.n_pages, "pte index {idx_page} beyond {} pages", self.n_pages);
         // SAFETY: idx_page is in bounds of the reserved array, which lives as long as self;
         // zero bytes are a valid AtomicU64.
         unsafe { &*self.ptes.add(idx_page) }
@@ -252,13 +248,7 @@ impl PageTable {
         loop {
             let cur = Pte(w.load(Ordering::Relaxed));
             if !cur.locked()
-                && w.compare_exchange_weak(
-                    cur.0,
-                    cur.with_lock().0,
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
+                && w.compare_exchange_weak(cur.0, cur.with_lock().0, Ordering::Acquire, Ordering::Relaxed).is_ok()
             {
                 return cur;
             }
@@ -273,14 +263,7 @@ impl PageTable {
         if cur.locked() {
             return None;
         }
-        w.compare_exchange(
-            cur.0,
-            cur.with_lock().0,
-            Ordering::Acquire,
-            Ordering::Relaxed,
-        )
-        .ok()
-        .map(|_| cur)
+        w.compare_exchange(cur.0, cur.with_lock().0, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| cur)
     }
 
     /// Locks a pte only if it is unlocked and in `state`.
@@ -290,12 +273,7 @@ impl PageTable {
             return None;
         }
         self.word(idx_page)
-            .compare_exchange(
-                cur.0,
-                cur.with_lock().0,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            )
+            .compare_exchange(cur.0, cur.with_lock().0, Ordering::Acquire, Ordering::Relaxed)
             .ok()
             .map(|_| cur)
     }
@@ -311,10 +289,7 @@ impl PageTable {
             self.chunk_used(idx_page).fetch_sub(1, Ordering::Relaxed);
         }
         let w = self.word(idx_page);
-        debug_assert!(
-            Pte(w.load(Ordering::Relaxed)).locked(),
-            "unlock of an unlocked pte {idx_page}"
-        );
+        debug_assert!(Pte(w.load(Ordering::Relaxed)).locked(), "unlock of an unlocked pte {idx_page}");
         w.store(new.without_lock().0, Ordering::Release);
     }
 
@@ -336,9 +311,7 @@ impl PageTable {
             if unsafe { &*self.used.add(c) }.load(Ordering::Relaxed) == 0 {
                 let addr = self.ptes as usize + c * PTES_PER_CHUNK * 8;
                 // SAFETY: a chunk of our own array with no live pte; it reads back as None.
-                if unsafe { sys::madvise(addr, crate::page::PAGE_SIZE, libc::MADV_DONTNEED) }
-                    .is_ok()
-                {
+                if unsafe { sys::madvise(addr, crate::page::PAGE_SIZE, libc::MADV_DONTNEED) }.is_ok() {
                     released += 1;
                 }
             }
@@ -393,9 +366,7 @@ mod tests {
         assert_eq!(t.chunks_in_use(), 1);
         assert_eq!(t.release_empty_chunks(), 3);
         assert_eq!(t.load(PTES_PER_CHUNK * 3 + 6), Pte::present());
-        assert!(t
-            .try_lock_in(PTES_PER_CHUNK * 3 + 6, PteState::Staged)
-            .is_none());
+        assert!(t.try_lock_in(PTES_PER_CHUNK * 3 + 6, PteState::Staged).is_none());
     }
 
     #[test]

@@ -67,10 +67,7 @@ pub(crate) fn reclaim_thread(s: Arc<Shared>) {
             let (m, cv) = &r.s.kick;
             let mut k = m.lock().unwrap_or_else(|e| e.into_inner());
             if !*k {
-                k = cv
-                    .wait_timeout(k, Duration::from_millis(5))
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                k = cv.wait_timeout(k, Duration::from_millis(5)).unwrap_or_else(|e| e.into_inner()).0;
             }
             *k = false;
         }
@@ -134,10 +131,7 @@ impl Reclaim {
             self.notify_room();
             if progress == 0 {
                 if over {
-                    self.s
-                        .counters
-                        .over_budget_events
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.s.counters.over_budget_events.fetch_add(1, Ordering::Relaxed);
                     if !self.s.warned_over_budget.swap(true, Ordering::Relaxed) {
                         eprintln!(
                             "tierswap: footprint {} MiB is over the budget of {} MiB and nothing more can be evicted{}; going over budget rather than losing data",
@@ -154,11 +148,7 @@ impl Reclaim {
     }
 
     fn regions(&self) -> Vec<Arc<RegionInner>> {
-        self.s
-            .regions
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.s.regions.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Moves up to `max_blocks` blocks of present pages to staging. Returns pages moved.
@@ -186,11 +176,7 @@ impl Reclaim {
                 if n > 0 {
                     moved += n;
                     blocks_done += 1;
-                    self.s
-                        .inactive
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push_back((r.id, b));
+                    self.s.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((r.id, b));
                 }
             }
             if blocks_done >= max_blocks {
@@ -198,10 +184,7 @@ impl Reclaim {
                 break;
             }
         }
-        self.s
-            .counters
-            .pgdeactivate
-            .fetch_add(moved as u64, Ordering::Relaxed);
+        self.s.counters.pgdeactivate.fetch_add(moved as u64, Ordering::Relaxed);
         moved
     }
 
@@ -241,12 +224,8 @@ impl Reclaim {
             }
             staged += self.stage_run(r, run_start, i);
         }
-        self.s
-            .present_pages
-            .fetch_sub(staged as i64, Ordering::Relaxed);
-        self.s
-            .staged_pages
-            .fetch_add(staged as i64, Ordering::Relaxed);
+        self.s.present_pages.fetch_sub(staged as i64, Ordering::Relaxed);
+        self.s.staged_pages.fetch_add(staged as i64, Ordering::Relaxed);
         staged
     }
 
@@ -262,36 +241,23 @@ impl Reclaim {
             // SAFETY: pages [i, to) are locked present pages of the program's range; moving
             // them to the mirror is atomic with respect to the program, which faults on a
             // touch and is served from the mirror once we unlock.
-            let res = unsafe {
-                self.s
-                    .uffd
-                    .move_pages(r.mirror_addr(i), r.page_addr(i), len, true, false)
-            };
+            let res = unsafe { self.s.uffd.move_pages(r.mirror_addr(i), r.page_addr(i), len, true, false) };
             let (done, skip) = match res {
                 Ok(bytes) => (bytes / PAGE_SIZE, None),
-                Err(uffd::Error::NoPage { done_bytes, .. }) => {
-                    (done_bytes / PAGE_SIZE, Some(PteState::None))
-                }
-                Err(uffd::Error::Busy { done_bytes, .. }) => {
-                    (done_bytes / PAGE_SIZE, Some(PteState::Present))
-                }
+                Err(uffd::Error::NoPage { done_bytes, .. }) => (done_bytes / PAGE_SIZE, Some(PteState::None)),
+                Err(uffd::Error::Busy { done_bytes, .. }) => (done_bytes / PAGE_SIZE, Some(PteState::Present)),
                 Err(uffd::Error::Again { done_bytes, .. }) if again < 8 => {
                     again += 1;
                     (done_bytes / PAGE_SIZE, None)
                 }
-                Err(uffd::Error::Again { done_bytes, .. }) => {
-                    (done_bytes / PAGE_SIZE, Some(PteState::Present))
-                }
+                Err(uffd::Error::Again { done_bytes, .. }) => (done_bytes / PAGE_SIZE, Some(PteState::Present)),
                 Err(uffd::Error::PageExist { done_bytes, .. }) => {
                     // Something is in the mirror at that offset already: keep the page
                     // where it is.
                     (done_bytes / PAGE_SIZE, Some(PteState::Present))
                 }
                 Err(e) => {
-                    eprintln!(
-                        "tierswap: staging pages at {:#x} failed: {e}",
-                        r.page_addr(i)
-                    );
+                    eprintln!("tierswap: staging pages at {:#x} failed: {e}", r.page_addr(i));
                     (0, Some(PteState::Present))
                 }
             };
@@ -326,13 +292,7 @@ impl Reclaim {
         let mut blocks = 0;
         let mut busy = Vec::new();
         while blocks < max_blocks {
-            let Some((id, b)) = self
-                .s
-                .inactive
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop_front()
-            else {
+            let Some((id, b)) = self.s.inactive.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
                 break;
             };
             let Some(r) = self.s.region_by_id(id) else {
@@ -439,13 +399,8 @@ impl Reclaim {
                 r.ptes.unlock(i, old, old);
             }
         }
-        self.s
-            .staged_pages
-            .fetch_sub(evicted as i64, Ordering::Relaxed);
-        self.s
-            .counters
-            .pgsteal
-            .fetch_add(evicted as u64, Ordering::Relaxed);
+        self.s.staged_pages.fetch_sub(evicted as i64, Ordering::Relaxed);
+        self.s.counters.pgsteal.fetch_add(evicted as u64, Ordering::Relaxed);
         self.slots = slots;
         evicted
     }
@@ -471,11 +426,7 @@ impl Reclaim {
                 }
             }
         }
-        let limit = if tiers.pool {
-            INCOMPRESSIBLE_LIMIT
-        } else {
-            PAGE_SIZE - 64
-        };
+        let limit = if tiers.pool { INCOMPRESSIBLE_LIMIT } else { PAGE_SIZE - 64 };
         let clen = compress(s.config.compressor, page, &mut self.compressed, limit);
         match clen {
             Some(len) if tiers.pool => match s.pool.store(&self.compressed[..len]) {
@@ -487,9 +438,7 @@ impl Reclaim {
             },
             Some(len) => self.to_file_or_raw(page, slot, Some(len)),
             None => {
-                s.counters
-                    .pool_reject_incompressible
-                    .fetch_add(1, Ordering::Relaxed);
+                s.counters.pool_reject_incompressible.fetch_add(1, Ordering::Relaxed);
                 self.to_file_or_raw(page, slot, None)
             }
         }
@@ -516,10 +465,7 @@ impl Reclaim {
     fn store_raw(&self, page: &[u8]) -> Stored {
         match self.s.pool.store(page) {
             Ok(h) => {
-                self.s
-                    .counters
-                    .pool_stored_raw
-                    .fetch_add(1, Ordering::Relaxed);
+                self.s.counters.pool_stored_raw.fetch_add(1, Ordering::Relaxed);
                 Stored::Entry(SwapEntry::pool(h.raw(), PAGE_SIZE))
             }
             Err(_) => Stored::Keep,
@@ -549,18 +495,12 @@ impl Reclaim {
                 self.s.counters.file_writes.fetch_add(1, Ordering::Relaxed);
                 for &(k, off, len) in pending.iter() {
                     self.s.counters.pswpout.fetch_add(1, Ordering::Relaxed);
-                    self.s
-                        .counters
-                        .file_write_bytes
-                        .fetch_add(len as u64, Ordering::Relaxed);
+                    self.s.counters.file_write_bytes.fetch_add(len as u64, Ordering::Relaxed);
                     self.place(slots[k], SwapEntry::file(base + off, len));
                 }
             }
             Err(e) => {
-                self.s
-                    .counters
-                    .writeback_errors
-                    .fetch_add(1, Ordering::Relaxed);
+                self.s.counters.writeback_errors.fetch_add(1, Ordering::Relaxed);
                 if !self.warned_write_error {
                     self.warned_write_error = true;
                     eprintln!("tierswap: {e}; keeping pages in memory instead (the footprint may exceed the budget)");
@@ -655,11 +595,7 @@ impl Reclaim {
 
     /// Writes the unit and moves the held entries (locked, in the pool) to the file; on
     /// error unlocks them unchanged. Returns entries moved, or None on error.
-    fn commit_writeback(
-        &mut self,
-        w: &mut UnitWriter,
-        held: &mut Vec<(u64, SwapEntry, usize)>,
-    ) -> Option<usize> {
+    fn commit_writeback(&mut self, w: &mut UnitWriter, held: &mut Vec<(u64, SwapEntry, usize)>) -> Option<usize> {
         let file = self.s.file.as_ref()?;
         let res = file.write_unit(w);
         w.clear();
@@ -669,28 +605,19 @@ impl Reclaim {
                 self.s.counters.file_writes.fetch_add(1, Ordering::Relaxed);
                 for (slot, e, off) in held.drain(..) {
                     let (h, len) = e.addr_len();
-                    let new = e.with_place(
-                        Tag::File,
-                        SwapEntry::file(base + off as u64, len).location(),
-                    );
+                    let new = e.with_place(Tag::File, SwapEntry::file(base + off as u64, len).location());
                     self.s.swap.unlock(slot, e, new);
                     if let Some(handle) = PoolHandle::from_raw(h) {
                         self.s.pool.free(handle, len);
                     }
                     self.s.counters.zswpwb.fetch_add(1, Ordering::Relaxed);
                     self.s.counters.pswpout.fetch_add(1, Ordering::Relaxed);
-                    self.s
-                        .counters
-                        .file_write_bytes
-                        .fetch_add(len as u64, Ordering::Relaxed);
+                    self.s.counters.file_write_bytes.fetch_add(len as u64, Ordering::Relaxed);
                 }
                 Some(n)
             }
             Err(err) => {
-                self.s
-                    .counters
-                    .writeback_errors
-                    .fetch_add(1, Ordering::Relaxed);
+                self.s.counters.writeback_errors.fetch_add(1, Ordering::Relaxed);
                 if !self.warned_write_error {
                     self.warned_write_error = true;
                     eprintln!("tierswap: pool writeback failed: {err}; keeping pages in the pool (the footprint may exceed the budget)");
@@ -745,18 +672,13 @@ pub(crate) fn evict_everything(s: &Arc<Shared>) -> usize {
     };
     let mut evicted = 0;
     for region in r.regions() {
-        let _guard = region
-            .reclaim_lock
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let _guard = region.reclaim_lock.lock().unwrap_or_else(|e| e.into_inner());
         if region.dead.load(Ordering::Acquire) {
             continue;
         }
         for b in 0..region.n_pages.div_ceil(BLOCK_PAGES) {
             let staged = r.deactivate_block(&region, b, true);
-            r.s.counters
-                .pgdeactivate
-                .fetch_add(staged as u64, Ordering::Relaxed);
+            r.s.counters.pgdeactivate.fetch_add(staged as u64, Ordering::Relaxed);
             evicted += r.evict_block(&region, b);
         }
     }

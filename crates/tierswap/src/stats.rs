@@ -113,9 +113,7 @@ counters! {
 impl Counters {
     /// Adds one fault of `us` microseconds to the latency histogram.
     pub fn record_fault_latency(&self, us: u64) {
-        let bucket = (64 - us.leading_zeros() as usize)
-            .saturating_sub(1)
-            .min(LATENCY_BUCKETS - 1);
+        let bucket = (64 - us.leading_zeros() as usize).saturating_sub(1).min(LATENCY_BUCKETS - 1);
         self.fault_latency_us[bucket].fetch_add(1, Relaxed);
     }
 
@@ -126,10 +124,7 @@ impl Counters {
 
     /// Histogram counts per bucket.
     pub fn latency_histogram(&self) -> Vec<u64> {
-        self.fault_latency_us
-            .iter()
-            .map(|b| b.load(Relaxed))
-            .collect()
+        self.fault_latency_us.iter().map(|b| b.load(Relaxed)).collect()
     }
 }
 
@@ -211,10 +206,7 @@ mod tests {
         assert_eq!(h[2], 1); // 4
         assert_eq!(h[9], 1); // 1000 in [512, 1024)
         assert_eq!(h[LATENCY_BUCKETS - 1], 1);
-        let s = Stats {
-            fault_latency_us: h,
-            ..Default::default()
-        };
+        let s = Stats { fault_latency_us: h, ..Default::default() };
         assert_eq!(s.fault_latency_percentile_us(50.0), 4);
         assert_eq!(s.fault_latency_percentile_us(100.0), 1 << LATENCY_BUCKETS);
     }
@@ -228,15 +220,8 @@ mod tests {
         let s = c.snapshot();
         assert_eq!(s.zswpout, 3);
         assert_eq!(s.footprint_max, 10);
-        let st = Stats {
-            counters: s,
-            ..Default::default()
-        };
+        let st = Stats { counters: s, ..Default::default() };
         assert_eq!(st.to_json()["counters"]["zswpout"], 3);
-        assert!(st
-            .counters
-            .pairs()
-            .iter()
-            .any(|&(n, v)| n == "zswpout" && v == 3));
+        assert!(st.counters.pairs().iter().any(|&(n, v)| n == "zswpout" && v == 3));
     }
 }

@@ -38,13 +38,7 @@ pub fn mmap_anon(len_bytes: usize, flags: i32) -> io::Result<usize> {
 /// The range must be a mapping the caller owns, with no references into it left.
 pub unsafe fn munmap(addr: usize, len_bytes: usize) -> io::Result<()> {
     // SAFETY: the caller owns the range and holds no references into it.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_munmap,
-            addr,
-            crate::page::round_up_pages(len_bytes),
-        )
-    };
+    let ret = unsafe { libc::syscall(libc::SYS_munmap, addr, crate::page::round_up_pages(len_bytes)) };
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -67,9 +61,7 @@ pub unsafe fn madvise(addr: usize, len_bytes: usize, advice: i32) -> io::Result<
 
 /// The number of CPUs this process may run on.
 pub fn online_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
 #[cfg(test)]

@@ -68,10 +68,7 @@ pub mod features {
             (WP_ASYNC, "WP_ASYNC (Linux 6.7)"),
             (MOVE, "MOVE (Linux 6.8)"),
         ];
-        ALL.iter()
-            .filter(|(b, _)| bits & b != 0)
-            .map(|&(_, n)| n)
-            .collect()
+        ALL.iter().filter(|(b, _)| bits & b != 0).map(|&(_, n)| n).collect()
     }
 }
 
@@ -379,26 +376,11 @@ fn decode(msg: &[u8; MSG_BYTES], features: u64) -> Event {
             let fd = u32_at(8) as RawFd;
             // SAFETY: the kernel installed this fd in our table for us with the message; we
             // are its only owner.
-            Event::Fork {
-                uffd: Uffd {
-                    fd: unsafe { OwnedFd::from_raw_fd(fd) },
-                    features,
-                },
-            }
+            Event::Fork { uffd: Uffd { fd: unsafe { OwnedFd::from_raw_fd(fd) }, features } }
         }
-        EVENT_REMAP => Event::Remap {
-            from: u64_at(8) as usize,
-            to: u64_at(16) as usize,
-            len: u64_at(24) as usize,
-        },
-        EVENT_REMOVE => Event::Remove {
-            start: u64_at(8) as usize,
-            end: u64_at(16) as usize,
-        },
-        EVENT_UNMAP => Event::Unmap {
-            start: u64_at(8) as usize,
-            end: u64_at(16) as usize,
-        },
+        EVENT_REMAP => Event::Remap { from: u64_at(8) as usize, to: u64_at(16) as usize, len: u64_at(24) as usize },
+        EVENT_REMOVE => Event::Remove { start: u64_at(8) as usize, end: u64_at(16) as usize },
+        EVENT_UNMAP => Event::Unmap { start: u64_at(8) as usize, end: u64_at(16) as usize },
         other => Event::Unknown(other),
     }
 }
@@ -421,21 +403,14 @@ impl Uffd {
     /// /dev/userfaultfd, else the system call. No API handshake yet.
     pub fn open(nonblock: bool) -> Result<Uffd> {
         let flags = libc::O_CLOEXEC | if nonblock { libc::O_NONBLOCK } else { 0 };
-        let dev = match std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/userfaultfd")
-        {
+        let dev = match std::fs::OpenOptions::new().read(true).write(true).open("/dev/userfaultfd") {
             Ok(dev) => {
                 // SAFETY: USERFAULTFD_IOC_NEW takes the flags as its argument and returns a
                 // new fd that we own.
                 let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) };
                 if fd >= 0 {
                     // SAFETY: fd is a new descriptor nobody else owns.
-                    return Ok(Uffd {
-                        fd: unsafe { OwnedFd::from_raw_fd(fd) },
-                        features: 0,
-                    });
+                    return Ok(Uffd { fd: unsafe { OwnedFd::from_raw_fd(fd) }, features: 0 });
                 }
                 io::Error::last_os_error()
             }
@@ -445,25 +420,15 @@ impl Uffd {
         let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
         if fd >= 0 {
             // SAFETY: a new descriptor nobody else owns.
-            return Ok(Uffd {
-                fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) },
-                features: 0,
-            });
+            return Ok(Uffd { fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) }, features: 0 });
         }
-        Err(Error::Unavailable {
-            dev,
-            syscall: io::Error::last_os_error(),
-        })
+        Err(Error::Unavailable { dev, syscall: io::Error::last_os_error() })
     }
 
     /// The features this kernel's userfaultfd offers.
     pub fn supported_features() -> Result<u64> {
         let u = Uffd::open(false)?;
-        let mut api = UffdioApi {
-            api: UFFD_API,
-            features: 0,
-            ioctls: 0,
-        };
+        let mut api = UffdioApi { api: UFFD_API, features: 0, ioctls: 0 };
         // SAFETY: UFFDIO_API reads and writes a UffdioApi we own.
         if unsafe { libc::ioctl(u.fd.as_raw_fd(), UFFDIO_API as _, &mut api) } < 0 {
             return Err(Error::Api(io::Error::last_os_error()));
@@ -478,11 +443,7 @@ impl Uffd {
             return Err(Error::MissingFeatures { wanted, have });
         }
         let mut u = Uffd::open(nonblock)?;
-        let mut api = UffdioApi {
-            api: UFFD_API,
-            features: wanted,
-            ioctls: 0,
-        };
+        let mut api = UffdioApi { api: UFFD_API, features: wanted, ioctls: 0 };
         // SAFETY: as in supported_features.
         if unsafe { libc::ioctl(u.fd.as_raw_fd(), UFFDIO_API as _, &mut api) } < 0 {
             return Err(Error::Api(io::Error::last_os_error()));
@@ -496,13 +457,7 @@ impl Uffd {
         self.features
     }
 
-    fn ioctl<T>(
-        &self,
-        op: &'static str,
-        req: u64,
-        arg: &mut T,
-        done: impl Fn(&T) -> i64,
-    ) -> Result<()> {
+    fn ioctl<T>(&self, op: &'static str, req: u64, arg: &mut T, done: impl Fn(&T) -> i64) -> Result<()> {
         // SAFETY: every request number here is paired with the struct type its uapi
         // definition names, which the kernel reads and writes within its size.
         let ret = unsafe { libc::ioctl(self.fd.as_raw_fd(), req as _, arg as *mut T) };
@@ -525,24 +480,14 @@ impl Uffd {
         if mode.minor {
             m |= 4;
         }
-        let mut r = UffdioRegister {
-            range: UffdioRange {
-                start: start as u64,
-                len: len as u64,
-            },
-            mode: m,
-            ioctls: 0,
-        };
+        let mut r = UffdioRegister { range: UffdioRange { start: start as u64, len: len as u64 }, mode: m, ioctls: 0 };
         self.ioctl("UFFDIO_REGISTER", UFFDIO_REGISTER, &mut r, |_| 0)?;
         Ok(r.ioctls)
     }
 
     /// Unregisters `[start, start + len)`.
     pub fn unregister(&self, start: usize, len: usize) -> Result<()> {
-        let mut r = UffdioRange {
-            start: start as u64,
-            len: len as u64,
-        };
+        let mut r = UffdioRange { start: start as u64, len: len as u64 };
         self.ioctl("UFFDIO_UNREGISTER", UFFDIO_UNREGISTER, &mut r, |_| 0)
     }
 
@@ -550,13 +495,7 @@ impl Uffd {
     /// `src.len()` must be a whole number of pages.
     pub fn copy(&self, dst: usize, src: &[u8], dontwake: bool, wp: bool) -> Result<usize> {
         let mode = if dontwake { MODE_DONTWAKE } else { 0 } | if wp { COPY_MODE_WP } else { 0 };
-        let mut c = UffdioCopy {
-            dst: dst as u64,
-            src: src.as_ptr() as u64,
-            len: src.len() as u64,
-            mode,
-            copy: 0,
-        };
+        let mut c = UffdioCopy { dst: dst as u64, src: src.as_ptr() as u64, len: src.len() as u64, mode, copy: 0 };
         self.ioctl("UFFDIO_COPY", UFFDIO_COPY, &mut c, |c| c.copy)?;
         Ok(c.copy.max(0) as usize)
     }
@@ -564,10 +503,7 @@ impl Uffd {
     /// Maps the zero page at the missing pages `[dst, dst + len)`; returns bytes mapped.
     pub fn zeropage(&self, dst: usize, len: usize, dontwake: bool) -> Result<usize> {
         let mut z = UffdioZeropage {
-            range: UffdioRange {
-                start: dst as u64,
-                len: len as u64,
-            },
+            range: UffdioRange { start: dst as u64, len: len as u64 },
             mode: if dontwake { MODE_DONTWAKE } else { 0 },
             zeropage: 0,
         };
@@ -590,59 +526,30 @@ impl Uffd {
         dontwake: bool,
         allow_src_holes: bool,
     ) -> Result<usize> {
-        let mode = if dontwake { MODE_DONTWAKE } else { 0 }
-            | if allow_src_holes {
-                MOVE_MODE_ALLOW_SRC_HOLES
-            } else {
-                0
-            };
-        let mut m = UffdioMove {
-            dst: dst as u64,
-            src: src as u64,
-            len: len as u64,
-            mode,
-            moved: 0,
-        };
+        let mode =
+            if dontwake { MODE_DONTWAKE } else { 0 } | if allow_src_holes { MOVE_MODE_ALLOW_SRC_HOLES } else { 0 };
+        let mut m = UffdioMove { dst: dst as u64, src: src as u64, len: len as u64, mode, moved: 0 };
         self.ioctl("UFFDIO_MOVE", UFFDIO_MOVE, &mut m, |m| m.moved)?;
         Ok(m.moved.max(0) as usize)
     }
 
     /// Wakes threads waiting on faults in `[start, start + len)`.
     pub fn wake(&self, start: usize, len: usize) -> Result<()> {
-        let mut r = UffdioRange {
-            start: start as u64,
-            len: len as u64,
-        };
+        let mut r = UffdioRange { start: start as u64, len: len as u64 };
         self.ioctl("UFFDIO_WAKE", UFFDIO_WAKE, &mut r, |_| 0)
     }
 
     /// Sets or clears write protection on `[start, start + len)`.
-    pub fn writeprotect(
-        &self,
-        start: usize,
-        len: usize,
-        protect: bool,
-        dontwake: bool,
-    ) -> Result<()> {
-        let mode =
-            if protect { WP_MODE_WP } else { 0 } | if dontwake { WP_MODE_DONTWAKE } else { 0 };
-        let mut w = UffdioWriteprotect {
-            range: UffdioRange {
-                start: start as u64,
-                len: len as u64,
-            },
-            mode,
-        };
+    pub fn writeprotect(&self, start: usize, len: usize, protect: bool, dontwake: bool) -> Result<()> {
+        let mode = if protect { WP_MODE_WP } else { 0 } | if dontwake { WP_MODE_DONTWAKE } else { 0 };
+        let mut w = UffdioWriteprotect { range: UffdioRange { start: start as u64, len: len as u64 }, mode };
         self.ioctl("UFFDIO_WRITEPROTECT", UFFDIO_WRITEPROTECT, &mut w, |_| 0)
     }
 
     /// Marks the missing pages `[start, start + len)` poisoned: touching them raises SIGBUS.
     pub fn poison(&self, start: usize, len: usize, dontwake: bool) -> Result<usize> {
         let mut p = UffdioPoison {
-            range: UffdioRange {
-                start: start as u64,
-                len: len as u64,
-            },
+            range: UffdioRange { start: start as u64, len: len as u64 },
             mode: if dontwake { MODE_DONTWAKE } else { 0 },
             updated: 0,
         };
@@ -656,13 +563,7 @@ impl Uffd {
         let mut buf = [[0u8; MSG_BYTES]; 64];
         let max = max.clamp(1, 64);
         // SAFETY: reading at most max * 32 bytes into our stack buffer of 64 * 32 bytes.
-        let n = unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                buf.as_mut_ptr() as *mut libc::c_void,
-                max * MSG_BYTES,
-            )
-        };
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, max * MSG_BYTES) };
         if n < 0 {
             let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
             if errno == libc::EAGAIN || errno == libc::EINTR {
@@ -681,16 +582,8 @@ impl Uffd {
     /// readable.
     pub fn poll_readable(&self, timeout_ms: i32, extra: Option<RawFd>) -> Result<Readiness> {
         let mut fds = [
-            libc::pollfd {
-                fd: self.fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: extra.unwrap_or(-1),
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: extra.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
         ];
         // SAFETY: poll on our own array of two pollfd; a negative fd is ignored by poll.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
@@ -728,36 +621,12 @@ mod tests {
 
     #[test]
     fn errno_mapping_never_turns_a_negative_count_into_progress() {
-        assert!(matches!(
-            map_errno("c", libc::EAGAIN, -(libc::EAGAIN as i64)),
-            Error::Again { done_bytes: 0, .. }
-        ));
-        assert!(matches!(
-            map_errno("c", libc::EEXIST, 8192),
-            Error::PageExist {
-                done_bytes: 8192,
-                ..
-            }
-        ));
-        assert!(matches!(
-            map_errno("m", libc::ENOENT, 4096),
-            Error::NoPage {
-                done_bytes: 4096,
-                ..
-            }
-        ));
+        assert!(matches!(map_errno("c", libc::EAGAIN, -(libc::EAGAIN as i64)), Error::Again { done_bytes: 0, .. }));
+        assert!(matches!(map_errno("c", libc::EEXIST, 8192), Error::PageExist { done_bytes: 8192, .. }));
+        assert!(matches!(map_errno("m", libc::ENOENT, 4096), Error::NoPage { done_bytes: 4096, .. }));
         assert!(matches!(map_errno("m", libc::EBUSY, 0), Error::Busy { .. }));
-        assert!(matches!(
-            map_errno("m", libc::ESRCH, 0),
-            Error::ProcessGone { .. }
-        ));
-        assert!(matches!(
-            map_errno("m", libc::EPERM, 0),
-            Error::Other {
-                errno: libc::EPERM,
-                ..
-            }
-        ));
+        assert!(matches!(map_errno("m", libc::ESRCH, 0), Error::ProcessGone { .. }));
+        assert!(matches!(map_errno("m", libc::EPERM, 0), Error::Other { errno: libc::EPERM, .. }));
     }
 
     #[test]
@@ -768,17 +637,8 @@ mod tests {
         m[16..24].copy_from_slice(&0x7f00_1000u64.to_ne_bytes());
         m[24..28].copy_from_slice(&1234u32.to_ne_bytes());
         match decode(&m, 0) {
-            Event::PageFault {
-                addr,
-                write,
-                wp,
-                minor,
-                tid,
-            } => {
-                assert_eq!(
-                    (addr, write, wp, minor, tid),
-                    (0x7f00_1000, true, false, false, 1234)
-                );
+            Event::PageFault { addr, write, wp, minor, tid } => {
+                assert_eq!((addr, write, wp, minor, tid), (0x7f00_1000, true, false, false, 1234));
             }
             e => panic!("{e:?}"),
         }
@@ -786,33 +646,17 @@ mod tests {
         m[0] = EVENT_REMOVE;
         m[8..16].copy_from_slice(&0x1000u64.to_ne_bytes());
         m[16..24].copy_from_slice(&0x3000u64.to_ne_bytes());
-        assert!(matches!(
-            decode(&m, 0),
-            Event::Remove {
-                start: 0x1000,
-                end: 0x3000
-            }
-        ));
+        assert!(matches!(decode(&m, 0), Event::Remove { start: 0x1000, end: 0x3000 }));
         m[0] = EVENT_REMAP;
         m[24..32].copy_from_slice(&0x2000u64.to_ne_bytes());
-        assert!(matches!(
-            decode(&m, 0),
-            Event::Remap {
-                from: 0x1000,
-                to: 0x3000,
-                len: 0x2000
-            }
-        ));
+        assert!(matches!(decode(&m, 0), Event::Remap { from: 0x1000, to: 0x3000, len: 0x2000 }));
         m[0] = 0x42;
         assert!(matches!(decode(&m, 0), Event::Unknown(0x42)));
     }
 
     #[test]
     fn missing_features_are_named() {
-        let e = Error::MissingFeatures {
-            wanted: features::MOVE | features::POISON,
-            have: features::POISON,
-        };
+        let e = Error::MissingFeatures { wanted: features::MOVE | features::POISON, have: features::POISON };
         assert!(e.to_string().contains("MOVE"));
         assert!(!e.to_string().contains("POISON"));
     }

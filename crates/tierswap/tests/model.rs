@@ -12,11 +12,7 @@ enum Op {
     /// Write a page with content of a kind: 0 zero, 1 same-filled, 2 compressible, 3 random.
     Write { page: usize, kind: u8, seed: u64 },
     /// Write a few bytes somewhere in a page.
-    Poke {
-        page: usize,
-        offset: usize,
-        byte: u8,
-    },
+    Poke { page: usize, offset: usize, byte: u8 },
     /// Read a page and compare.
     Read { page: usize },
     /// Evict everything now.

@@ -30,9 +30,7 @@ fn fill_page(buf: &mut [u8], p: usize, salt: u64) {
 }
 
 fn page_matches(buf: &[u8], p: usize, salt: u64) -> bool {
-    buf.chunks_exact(8)
-        .enumerate()
-        .all(|(i, w)| w == ((p as u64) * 512 + i as u64 + salt).to_le_bytes())
+    buf.chunks_exact(8).enumerate().all(|(i, w)| w == ((p as u64) * 512 + i as u64 + salt).to_le_bytes())
 }
 
 fn random_page(buf: &mut [u8], p: usize) {
@@ -84,15 +82,8 @@ fn roundtrip_through_every_tier_under_budget() {
     let st = p.stats();
     assert_eq!(st.counters.swpin_zero, (n / 8) as u64);
     assert_eq!(st.counters.swpin_samefill, (n / 8) as u64);
-    assert!(
-        st.counters.pswpin >= (n / 8) as u64,
-        "incompressible pages came back from the file"
-    );
-    assert!(
-        st.counters.footprint_max <= (8 << 20) * 105 / 100,
-        "footprint {} over budget",
-        st.counters.footprint_max
-    );
+    assert!(st.counters.pswpin >= (n / 8) as u64, "incompressible pages came back from the file");
+    assert!(st.counters.footprint_max <= (8 << 20) * 105 / 100, "footprint {} over budget", st.counters.footprint_max);
 }
 
 #[test]
@@ -153,9 +144,7 @@ fn threads_touch_the_same_pages_while_reclaim_runs() {
                         // Every thread reads the same pages, in interleaved orders.
                         let pg = (k * 7 + t * 13 + round) % n;
                         // SAFETY: the region is n pages long and outlives the threads.
-                        let page = unsafe {
-                            std::slice::from_raw_parts((base + pg * PAGE) as *const u8, PAGE)
-                        };
+                        let page = unsafe { std::slice::from_raw_parts((base + pg * PAGE) as *const u8, PAGE) };
                         if !page_matches(page, pg, 3) {
                             bad += 1;
                         }
@@ -197,9 +186,7 @@ fn writes_racing_eviction_are_never_lost() {
                 for gen in 1..=20u64 {
                     for pg in (t..n).step_by(2) {
                         // SAFETY: this thread alone writes page pg; the region outlives it.
-                        let page = unsafe {
-                            std::slice::from_raw_parts_mut((base + pg * PAGE) as *mut u8, PAGE)
-                        };
+                        let page = unsafe { std::slice::from_raw_parts_mut((base + pg * PAGE) as *mut u8, PAGE) };
                         fill_page(page, pg, gen);
                         if !page_matches(page, pg, gen) {
                             bad += 1;
@@ -207,9 +194,7 @@ fn writes_racing_eviction_are_never_lost() {
                     }
                     for pg in (t..n).step_by(2) {
                         // SAFETY: as above.
-                        let page = unsafe {
-                            std::slice::from_raw_parts((base + pg * PAGE) as *const u8, PAGE)
-                        };
+                        let page = unsafe { std::slice::from_raw_parts((base + pg * PAGE) as *const u8, PAGE) };
                         if !page_matches(page, pg, gen) {
                             bad += 1;
                         }
@@ -260,9 +245,5 @@ fn first_touch_reads_zero_and_bad_sizes_are_refused() {
     let s = unsafe { std::slice::from_raw_parts(r.as_ptr(), r.len()) };
     assert!(s.iter().all(|&b| b == 0));
     assert!(p.region(0, Hint::Normal).is_err());
-    assert!(Pager::new(PagerConfig {
-        budget_bytes: 1 << 20,
-        ..Default::default()
-    })
-    .is_err());
+    assert!(Pager::new(PagerConfig { budget_bytes: 1 << 20, ..Default::default() }).is_err());
 }

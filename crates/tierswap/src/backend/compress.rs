@@ -58,21 +58,16 @@ pub fn compress(c: Compressor, src: &[u8], dst: &mut [u8], limit: usize) -> Opti
 pub fn decompress(c: Compressor, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
     let want = dst.len();
     let got = match c {
-        Compressor::Lz4 => lz4_flex::block::decompress_into(src, dst)
-            .map_err(|e| CodecError::Corrupt(e.to_string()))?,
+        Compressor::Lz4 => {
+            lz4_flex::block::decompress_into(src, dst).map_err(|e| CodecError::Corrupt(e.to_string()))?
+        }
         Compressor::Zstd { .. } => ZSTD_D.with(|cell| {
             let mut cell = cell.borrow_mut();
             if cell.is_none() {
-                *cell = Some(
-                    zstd::bulk::Decompressor::new()
-                        .map_err(|e| CodecError::Corrupt(e.to_string()))?,
-                );
+                *cell = Some(zstd::bulk::Decompressor::new().map_err(|e| CodecError::Corrupt(e.to_string()))?);
             }
-            let z = cell
-                .as_mut()
-                .ok_or_else(|| CodecError::Corrupt("no zstd context".into()))?;
-            z.decompress_to_buffer(src, dst)
-                .map_err(|e| CodecError::Corrupt(e.to_string()))
+            let z = cell.as_mut().ok_or_else(|| CodecError::Corrupt("no zstd context".into()))?;
+            z.decompress_to_buffer(src, dst).map_err(|e| CodecError::Corrupt(e.to_string()))
         })?,
     };
     if got != want {
@@ -93,22 +88,15 @@ mod tests {
     use proptest::prelude::*;
 
     fn counter_page() -> Vec<u8> {
-        (0..512u64)
-            .flat_map(|i| (1000 * 512 + i).to_le_bytes())
-            .collect()
+        (0..512u64).flat_map(|i| (1000 * 512 + i).to_le_bytes()).collect()
     }
 
     #[test]
     fn round_trip_both_codecs() {
-        for c in [
-            Compressor::Lz4,
-            Compressor::Zstd { level: 1 },
-            Compressor::Zstd { level: 3 },
-        ] {
+        for c in [Compressor::Lz4, Compressor::Zstd { level: 1 }, Compressor::Zstd { level: 3 }] {
             let page = counter_page();
             let mut buf = [0u8; COMPRESS_BUF_BYTES];
-            let n =
-                compress(c, &page, &mut buf, INCOMPRESSIBLE_LIMIT).expect("counter pages compress");
+            let n = compress(c, &page, &mut buf, INCOMPRESSIBLE_LIMIT).expect("counter pages compress");
             assert!(n < 3000, "{c:?}: {n}");
             let mut out = vec![0u8; PAGE_SIZE];
             decompress(c, &buf[..n], &mut out).unwrap();

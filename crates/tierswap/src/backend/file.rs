@@ -86,10 +86,7 @@ impl AlignedBuf {
     /// A zeroed buffer of `len_bytes` rounded up to pages.
     pub fn new(len_bytes: usize) -> io::Result<AlignedBuf> {
         let len_bytes = crate::page::round_up_pages(len_bytes);
-        Ok(AlignedBuf {
-            addr: sys::mmap_anon(len_bytes, 0)?,
-            len_bytes,
-        })
+        Ok(AlignedBuf { addr: sys::mmap_anon(len_bytes, 0)?, len_bytes })
     }
 
     /// The bytes.
@@ -132,11 +129,7 @@ pub struct UnitWriter {
 impl UnitWriter {
     /// A writer for units of `unit_bytes`.
     pub fn new(unit_bytes: usize) -> io::Result<UnitWriter> {
-        Ok(UnitWriter {
-            buf: AlignedBuf::new(unit_bytes)?,
-            used_bytes: 0,
-            records: 0,
-        })
+        Ok(UnitWriter { buf: AlignedBuf::new(unit_bytes)?, used_bytes: 0, records: 0 })
     }
 
     /// Appends a record for `slot`; returns its offset within the unit, or `None` when the
@@ -209,10 +202,7 @@ impl FileTier {
             path_shown: dir.join("(unlinked tierswap swap file)"),
             direct,
             unit_bytes,
-            units: Mutex::new(Units {
-                live_bytes: Vec::new(),
-                free: Default::default(),
-            }),
+            units: Mutex::new(Units { live_bytes: Vec::new(), free: Default::default() }),
             live_bytes: AtomicU64::new(0),
             live_records: AtomicU64::new(0),
             units_in_use: AtomicU64::new(0),
@@ -262,16 +252,10 @@ impl FileTier {
             let mut u = self.units.lock().unwrap_or_else(|e| e.into_inner());
             u.live_bytes[unit as usize] = 0;
             u.free.insert(unit);
-            return Err(FileError::Io {
-                op: "write",
-                offset,
-                source,
-            });
+            return Err(FileError::Io { op: "write", offset, source });
         }
-        self.live_bytes
-            .fetch_add(w.used_bytes as u64, Ordering::Relaxed);
-        self.live_records
-            .fetch_add(w.records as u64, Ordering::Relaxed);
+        self.live_bytes.fetch_add(w.used_bytes as u64, Ordering::Relaxed);
+        self.live_records.fetch_add(w.records as u64, Ordering::Relaxed);
         self.units_in_use.fetch_add(1, Ordering::Relaxed);
         Ok(offset)
     }
@@ -292,13 +276,7 @@ impl FileTier {
         let window = (end - start) as usize;
         assert!(window <= scratch.len(), "read scratch too small");
         let buf = &mut scratch.as_mut_slice()[..window];
-        self.file
-            .read_exact_at(buf, start)
-            .map_err(|source| FileError::Io {
-                op: "read",
-                offset,
-                source,
-            })?;
+        self.file.read_exact_at(buf, start).map_err(|source| FileError::Io { op: "read", offset, source })?;
         let r = &buf[(offset - start) as usize..(offset - start) as usize + rec];
         let corrupt = |what| FileError::Corrupt { offset, slot, what };
         if u16::from_le_bytes([r[0], r[1]]) != MAGIC {
@@ -348,11 +326,7 @@ impl FileTier {
             let _ = self.file.set_len(n as u64 * self.unit_bytes as u64);
         } else {
             u.free.insert(unit as u32);
-            punch_hole(
-                &self.file,
-                unit as u64 * self.unit_bytes as u64,
-                self.unit_bytes as u64,
-            );
+            punch_hole(&self.file, unit as u64 * self.unit_bytes as u64, self.unit_bytes as u64);
         }
     }
 
@@ -412,26 +386,17 @@ fn open_unlinked(dir: &Path) -> io::Result<(File, bool)> {
                 return Ok((f, false));
             }
         }
-        Err(e)
-            if e.raw_os_error() == Some(libc::EOPNOTSUPP)
-                || e.raw_os_error() == Some(libc::EISDIR) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) || e.raw_os_error() == Some(libc::EISDIR) => {}
         Err(e) => {
             return Err(io::Error::new(
                 e.kind(),
-                format!(
-                    "cannot create the swap file in {}: {e}; give --swap-dir a writable directory",
-                    dir.display()
-                ),
+                format!("cannot create the swap file in {}: {e}; give --swap-dir a writable directory", dir.display()),
             ))
         }
     }
     // No O_TMPFILE here: create a unique name, unlink it at once.
     for attempt in 0..100u32 {
-        let name = dir.join(format!(
-            ".tierswap-{}-{}-{attempt}.swap",
-            std::process::id(),
-            nanos()
-        ));
+        let name = dir.join(format!(".tierswap-{}-{}-{attempt}.swap", std::process::id(), nanos()));
         let open = |extra: i32| {
             std::fs::OpenOptions::new()
                 .read(true)
@@ -450,7 +415,10 @@ fn open_unlinked(dir: &Path) -> io::Result<(File, bool)> {
                 Err(e) => {
                     return Err(io::Error::new(
                         e.kind(),
-                        format!("cannot create the swap file in {}: {e}; give --swap-dir a writable directory", dir.display()),
+                        format!(
+                            "cannot create the swap file in {}: {e}; give --swap-dir a writable directory",
+                            dir.display()
+                        ),
                     ))
                 }
             },
@@ -458,17 +426,11 @@ fn open_unlinked(dir: &Path) -> io::Result<(File, bool)> {
         std::fs::remove_file(&name)?;
         return Ok((f, direct));
     }
-    Err(io::Error::new(
-        io::ErrorKind::AlreadyExists,
-        format!("no free swap file name in {}", dir.display()),
-    ))
+    Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("no free swap file name in {}", dir.display())))
 }
 
 fn nanos() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -496,8 +458,7 @@ mod tests {
         let mut out = vec![0u8; PAGE_SIZE];
         for &(slot, off) in &placed {
             let len = 1000 + (slot as usize % 7);
-            t.read(base + off as u64, len, slot, &mut scratch, &mut out)
-                .unwrap();
+            t.read(base + off as u64, len, slot, &mut scratch, &mut out).unwrap();
             assert!(out[..len].iter().all(|&b| b == (slot % 251) as u8));
             // The wrong slot or length is refused, never returned.
             assert!(matches!(
@@ -536,28 +497,20 @@ mod tests {
         let base = t.write_unit(&w).unwrap();
         let mut scratch = AlignedBuf::new(3 * PAGE_SIZE).unwrap();
         let mut out = vec![0u8; PAGE_SIZE];
-        t.read(base + off as u64, 300, 9, &mut scratch, &mut out)
-            .unwrap();
+        t.read(base + off as u64, 300, 9, &mut scratch, &mut out).unwrap();
         // Flip one payload byte behind the tier's back (through a buffered fd on the same file).
         let pos = base + off as u64 + 16 + 100;
         let mut b = [0u8; PAGE_SIZE];
         let page = pos - pos % PAGE_SIZE as u64;
         let mut sc = AlignedBuf::new(PAGE_SIZE).unwrap();
-        t.file()
-            .read_exact_at(&mut sc.as_mut_slice()[..PAGE_SIZE], page)
-            .unwrap();
+        t.file().read_exact_at(&mut sc.as_mut_slice()[..PAGE_SIZE], page).unwrap();
         b.copy_from_slice(&sc.as_slice()[..PAGE_SIZE]);
         b[(pos - page) as usize] ^= 0x20;
         sc.as_mut_slice()[..PAGE_SIZE].copy_from_slice(&b);
-        t.file()
-            .write_all_at(&sc.as_slice()[..PAGE_SIZE], page)
-            .unwrap();
+        t.file().write_all_at(&sc.as_slice()[..PAGE_SIZE], page).unwrap();
         assert!(matches!(
             t.read(base + off as u64, 300, 9, &mut scratch, &mut out),
-            Err(FileError::Corrupt {
-                what: "checksum mismatch",
-                ..
-            })
+            Err(FileError::Corrupt { what: "checksum mismatch", .. })
         ));
     }
 

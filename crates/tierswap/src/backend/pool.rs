@@ -176,11 +176,7 @@ fn shape_of(class: usize) -> ClassShape {
         }
     }
     let span_pages = best.1;
-    ClassShape {
-        size,
-        span_pages,
-        per_span: (span_pages * PAGE_SIZE / size).min(1 << OBJ_BITS),
-    }
+    ClassShape { size, span_pages, per_span: (span_pages * PAGE_SIZE / size).min(1 << OBJ_BITS) }
 }
 
 impl Pool {
@@ -198,11 +194,7 @@ impl Pool {
                 return Err(e);
             }
         };
-        let mut shapes = [ClassShape {
-            size: 0,
-            span_pages: 0,
-            per_span: 0,
-        }; N_CLASSES];
+        let mut shapes = [ClassShape { size: 0, span_pages: 0, per_span: 0 }; N_CLASSES];
         for (c, s) in shapes.iter_mut().enumerate() {
             *s = shape_of(c);
         }
@@ -213,19 +205,8 @@ impl Pool {
             headers_bytes,
             max_spans,
             shapes,
-            classes: (0..N_CLASSES)
-                .map(|_| {
-                    Mutex::new(Class {
-                        partial: NONE,
-                        spans: 0,
-                        objects: 0,
-                    })
-                })
-                .collect(),
-            spans: Mutex::new(Spans {
-                free: Vec::new(),
-                next_new: 0,
-            }),
+            classes: (0..N_CLASSES).map(|_| Mutex::new(Class { partial: NONE, spans: 0, objects: 0 })).collect(),
+            spans: Mutex::new(Spans { free: Vec::new(), next_new: 0 }),
             total_bytes: AtomicU64::new(0),
             stored_bytes: AtomicU64::new(0),
             stored_objects: AtomicU64::new(0),
@@ -265,18 +246,10 @@ impl Pool {
             let id = self.new_span()?;
             // SAFETY: a fresh span nobody else knows yet; we hold the class lock it joins.
             let hd = unsafe { self.header(id) };
-            *hd = SpanHeader {
-                class: c as u16,
-                inuse: 0,
-                free_head: NO_OBJ,
-                bump: 0,
-                prev: NONE,
-                next: NONE,
-            };
+            *hd = SpanHeader { class: c as u16, inuse: 0, free_head: NO_OBJ, bump: 0, prev: NONE, next: NONE };
             class.partial = id;
             class.spans += 1;
-            self.total_bytes
-                .fetch_add((shape.span_pages * PAGE_SIZE) as u64, Ordering::Relaxed);
+            self.total_bytes.fetch_add((shape.span_pages * PAGE_SIZE) as u64, Ordering::Relaxed);
         }
         let id = class.partial;
         // SAFETY: span `id` is on this class's partial list and we hold the class lock.
@@ -308,13 +281,7 @@ impl Pool {
         let h = PoolHandle::new(id, obj);
         // SAFETY: the object is ours alone (just allocated), `len` ≤ its class size, inside
         // the reserved arena.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                self.obj_addr(h, shape.size) as *mut u8,
-                len,
-            )
-        };
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.obj_addr(h, shape.size) as *mut u8, len) };
         self.stored_bytes.fetch_add(len as u64, Ordering::Relaxed);
         self.stored_objects.fetch_add(1, Ordering::Relaxed);
         Ok(h)
@@ -329,9 +296,7 @@ impl Pool {
             s.next_new += 1;
             return Ok(s.next_new - 1);
         }
-        Err(PoolError::Full {
-            arena_bytes: self.arena_bytes,
-        })
+        Err(PoolError::Full { arena_bytes: self.arena_bytes })
     }
 
     /// Copies an object's `len` bytes into `out[..len]`.
@@ -363,9 +328,7 @@ impl Pool {
         debug_assert_eq!(hd.class as usize, c, "object freed with the wrong length");
         let was_full = hd.inuse as usize == shape.per_span;
         // SAFETY: the object is being freed by its only holder; it becomes a free-list link.
-        unsafe {
-            std::ptr::write_unaligned(self.obj_addr(h, shape.size) as *mut u16, hd.free_head)
-        };
+        unsafe { std::ptr::write_unaligned(self.obj_addr(h, shape.size) as *mut u16, hd.free_head) };
         hd.free_head = h.obj();
         hd.inuse -= 1;
         class.objects -= 1;
@@ -413,13 +376,8 @@ impl Pool {
         // SAFETY: the span holds no live object; its memory goes back to the kernel and reads
         // as zeros if anyone looks.
         let _ = unsafe { sys::madvise(addr, span_pages * PAGE_SIZE, libc::MADV_DONTNEED) };
-        self.total_bytes
-            .fetch_sub((span_pages * PAGE_SIZE) as u64, Ordering::Relaxed);
-        self.spans
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .free
-            .push(id);
+        self.total_bytes.fetch_sub((span_pages * PAGE_SIZE) as u64, Ordering::Relaxed);
+        self.spans.lock().unwrap_or_else(|e| e.into_inner()).free.push(id);
     }
 
     /// Bytes of spans in use (what counts against the budget).
@@ -535,8 +493,7 @@ mod tests {
                         x ^= x << 17;
                         if x % 3 != 0 || mine.is_empty() {
                             let len = 1 + (x as usize >> 8) % 3000;
-                            let data: Vec<u8> =
-                                (0..len).map(|k| (k as u8) ^ t ^ (i as u8)).collect();
+                            let data: Vec<u8> = (0..len).map(|k| (k as u8) ^ t ^ (i as u8)).collect();
                             let h = pool.store(&data).unwrap();
                             mine.insert(i, (h, data));
                         } else {
@@ -568,9 +525,7 @@ mod tests {
         let mut hs = Vec::new();
         let mut x = 7u64;
         for _ in 0..100_000 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let len = 1000 + (x >> 33) as usize % 1600;
             hs.push((pool.store(&vec![1u8; len]).unwrap(), len));
         }

@@ -14,10 +14,7 @@ pub fn same_filled_pattern(page: &[u8]) -> Option<u64> {
     if !head.is_empty() || !tail.is_empty() {
         // Unaligned buffer: compare bytewise with the first 8 bytes.
         let first: [u8; 8] = page[..8].try_into().ok()?;
-        return page
-            .chunks_exact(8)
-            .all(|c| c == first)
-            .then(|| u64::from_ne_bytes(first));
+        return page.chunks_exact(8).all(|c| c == first).then(|| u64::from_ne_bytes(first));
     }
     let first = words[0];
     // Check the last word first: most pages that are not same-filled differ there.

@@ -55,10 +55,7 @@ pub struct ClusterHeader {
 
 /// Bytes of one cluster header.
 pub const CLUSTER_HEADER_BYTES: usize = std::mem::size_of::<ClusterHeader>();
-const _: () = assert!(
-    CLUSTER_HEADER_BYTES <= 128,
-    "DESIGN §4: ≤ 128 B per cluster header"
-);
+const _: () = assert!(CLUSTER_HEADER_BYTES <= 128, "DESIGN §4: ≤ 128 B per cluster header");
 
 impl ClusterHeader {
     /// The allocator state.
@@ -88,11 +85,7 @@ impl ClusterHeader {
         while i < end {
             let (w, b) = (i / 64, i % 64);
             let take = (64 - b).min(end - i);
-            let mask = if take == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << take) - 1) << b
-            };
+            let mask = if take == 64 { u64::MAX } else { ((1u64 << take) - 1) << b };
             if self.in_memory[w].load(Ordering::Relaxed) & mask != mask {
                 return false;
             }

@@ -179,8 +179,7 @@ impl SwapEntry {
     /// With another swap count.
     pub const fn with_count(self, count: u32) -> SwapEntry {
         SwapEntry(
-            (self.0 & !((MAX_COUNT as u64) << Self::COUNT_SHIFT))
-                | (((count & MAX_COUNT) as u64) << Self::COUNT_SHIFT),
+            (self.0 & !((MAX_COUNT as u64) << Self::COUNT_SHIFT)) | (((count & MAX_COUNT) as u64) << Self::COUNT_SHIFT),
         )
     }
 
@@ -230,13 +229,7 @@ impl SwapEntry {
 
 impl std::fmt::Debug for SwapEntry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "SwapEntry({:?} x{} loc {:#x}",
-            self.tag(),
-            self.count(),
-            self.location()
-        )?;
+        write!(f, "SwapEntry({:?} x{} loc {:#x}", self.tag(), self.count(), self.location())?;
         if self.locked() {
             write!(f, " L")?;
         }
@@ -248,14 +241,8 @@ impl std::fmt::Debug for SwapEntry {
 }
 
 fn pack_addr_len(addr: u64, len: usize) -> u64 {
-    assert!(
-        addr < (1 << ADDR_BITS),
-        "address {addr:#x} does not fit {ADDR_BITS} bits"
-    );
-    assert!(
-        (1..=4096).contains(&len),
-        "object length {len} outside 1..=4096"
-    );
+    assert!(addr < (1 << ADDR_BITS), "address {addr:#x} does not fit {ADDR_BITS} bits");
+    assert!((1..=4096).contains(&len), "object length {len} outside 1..=4096");
     (addr << LEN_BITS) | (len as u64 - 1)
 }
 
@@ -298,15 +285,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const TAGS: [Tag; 7] = [
-        Tag::Free,
-        Tag::Reserved,
-        Tag::Zero,
-        Tag::SameFilled,
-        Tag::Pool,
-        Tag::File,
-        Tag::Remote,
-    ];
+    const TAGS: [Tag; 7] = [Tag::Free, Tag::Reserved, Tag::Zero, Tag::SameFilled, Tag::Pool, Tag::File, Tag::Remote];
 
     proptest! {
         #[test]

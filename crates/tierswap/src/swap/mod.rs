@@ -79,12 +79,9 @@ impl SwapSpace {
     /// Reserves a swap space of `max_slots` (rounded up to whole clusters) and `lanes`
     /// allocation lanes.
     pub fn new(max_slots: u64, lanes: usize) -> std::io::Result<SwapSpace> {
-        let max_clusters = max_slots
-            .div_ceil(SLOTS_PER_CLUSTER as u64)
-            .clamp(1, u32::MAX as u64) as u32;
+        let max_clusters = max_slots.div_ceil(SLOTS_PER_CLUSTER as u64).clamp(1, u32::MAX as u64) as u32;
         let table_len_bytes = max_clusters as usize * SLOTS_PER_CLUSTER * 8;
-        let headers_len_bytes =
-            crate::page::round_up_pages(max_clusters as usize * CLUSTER_HEADER_BYTES);
+        let headers_len_bytes = crate::page::round_up_pages(max_clusters as usize * CLUSTER_HEADER_BYTES);
         let table = sys::mmap_reserve(table_len_bytes)?;
         let headers = match sys::mmap_reserve(headers_len_bytes) {
             Ok(h) => h,
@@ -147,13 +144,8 @@ impl SwapSpace {
         loop {
             let cur = SwapEntry::from_raw(w.load(Ordering::Relaxed));
             if !cur.locked()
-                && w.compare_exchange_weak(
-                    cur.raw(),
-                    cur.with_lock().raw(),
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
+                && w.compare_exchange_weak(cur.raw(), cur.with_lock().raw(), Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
             {
                 return cur;
             }
@@ -168,14 +160,7 @@ impl SwapSpace {
         if cur.locked() {
             return None;
         }
-        w.compare_exchange(
-            cur.raw(),
-            cur.with_lock().raw(),
-            Ordering::Acquire,
-            Ordering::Relaxed,
-        )
-        .ok()
-        .map(|_| cur)
+        w.compare_exchange(cur.raw(), cur.with_lock().raw(), Ordering::Acquire, Ordering::Relaxed).ok().map(|_| cur)
     }
 
     /// Stores `new` into an entry this thread locked (whose value was `old`) and unlocks it,
@@ -194,8 +179,7 @@ impl SwapSpace {
                 self.header(cid).set_in_memory(off, new.tag().in_memory());
             }
         }
-        self.word(slot)
-            .store(new.without_lock().raw(), Ordering::Release);
+        self.word(slot).store(new.without_lock().raw(), Ordering::Release);
         if new.tag() == Tag::Free && old.tag() != Tag::Free {
             self.release(cid);
         }
@@ -217,11 +201,7 @@ impl SwapSpace {
                         c
                     }
                     None if got > 0 => break,
-                    None => {
-                        return Err(SpaceFull {
-                            max_slots: self.max_slots(),
-                        })
-                    }
+                    None => return Err(SpaceFull { max_slots: self.max_slots() }),
                 },
             };
             let h = self.header(cid);
@@ -270,9 +250,7 @@ impl SwapSpace {
     fn take_cluster(&self, a: &mut Allocator) -> Option<u32> {
         while let Some(cid) = a.nonfull.pop_front() {
             let h = self.header(cid);
-            if h.state() == ClusterState::Nonfull
-                && (h.used.load(Ordering::Relaxed) as usize) < SLOTS_PER_CLUSTER
-            {
+            if h.state() == ClusterState::Nonfull && (h.used.load(Ordering::Relaxed) as usize) < SLOTS_PER_CLUSTER {
                 h.set_state(ClusterState::Current);
                 return Some(cid);
             }
@@ -399,10 +377,7 @@ impl SwapSpace {
     /// Allocator bookkeeping on the heap (lists).
     pub fn allocator_bytes(&self) -> u64 {
         let a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
-        (a.free.capacity() * 4
-            + a.nonfull.capacity() * 4
-            + a.lru.capacity() * 8
-            + a.current.capacity() * 8) as u64
+        (a.free.capacity() * 4 + a.nonfull.capacity() * 4 + a.lru.capacity() * 8 + a.current.capacity() * 8) as u64
     }
 
     /// Iterates the slots of cluster `cid` (for writeback and drain).
@@ -425,10 +400,7 @@ impl Drop for SwapSpace {
 /// `(cluster, offset)` of a slot.
 #[inline]
 pub fn split(slot: u64) -> (u32, usize) {
-    (
-        (slot / SLOTS_PER_CLUSTER as u64) as u32,
-        (slot % SLOTS_PER_CLUSTER as u64) as usize,
-    )
+    ((slot / SLOTS_PER_CLUSTER as u64) as u32, (slot % SLOTS_PER_CLUSTER as u64) as usize)
 }
 
 #[cfg(test)]
@@ -454,10 +426,7 @@ mod tests {
         assert_eq!(out, (0..16).collect::<Vec<_>>());
         let mut other = Vec::new();
         s.alloc(1, 4, &mut other).unwrap();
-        assert_eq!(
-            other[0], SLOTS_PER_CLUSTER as u64,
-            "lane 1 has its own cluster"
-        );
+        assert_eq!(other[0], SLOTS_PER_CLUSTER as u64, "lane 1 has its own cluster");
         assert_eq!(s.clusters_in_use(), 2);
         for &slot in &out {
             place(&s, slot, SwapEntry::pool(slot, 100));
@@ -483,11 +452,7 @@ mod tests {
         let mut out = Vec::new();
         s.alloc(0, 3 * SLOTS_PER_CLUSTER, &mut out).unwrap();
         assert_eq!(out.len(), 3 * SLOTS_PER_CLUSTER);
-        assert_eq!(
-            out.iter().collect::<HashSet<_>>().len(),
-            out.len(),
-            "no slot twice"
-        );
+        assert_eq!(out.iter().collect::<HashSet<_>>().len(), out.len(), "no slot twice");
         assert_eq!(s.clusters_in_use(), 3);
         assert_eq!(s.header(0).state(), ClusterState::Full);
         // Empty cluster 1 entirely: it is released.
@@ -510,10 +475,7 @@ mod tests {
     fn space_full_is_an_error() {
         let s = SwapSpace::new(SLOTS_PER_CLUSTER as u64, 1).unwrap();
         let mut out = Vec::new();
-        assert_eq!(
-            s.alloc(0, SLOTS_PER_CLUSTER + 10, &mut out).unwrap(),
-            SLOTS_PER_CLUSTER
-        );
+        assert_eq!(s.alloc(0, SLOTS_PER_CLUSTER + 10, &mut out).unwrap(), SLOTS_PER_CLUSTER);
         assert!(s.alloc(0, 1, &mut out).is_err());
     }
 
@@ -553,10 +515,6 @@ mod tests {
             .collect();
         threads.into_iter().for_each(|h| h.join().unwrap());
         assert_eq!(s.slots_in_use(), 0);
-        assert!(
-            s.clusters_in_use() <= 4,
-            "only current clusters remain, got {}",
-            s.clusters_in_use()
-        );
+        assert!(s.clusters_in_use() <= 4, "only current clusters remain, got {}", s.clusters_in_use());
     }
 }

@@ -1,0 +1,308 @@
+//! The system settings the kernel engines change — zswap parameters, /dev/zram0, swap files,
+//! memory cgroups — recorded before anything changes and put back afterwards: on success,
+//! on error, on Ctrl-C, and (through a state file) after a run that was killed outright.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+/// Where the record of what we changed lives while we have changed it.
+pub const STATE_DIR: &str = "/run/tierswap-bench";
+const ZSWAP: &str = "/sys/module/zswap/parameters";
+const ZRAM: &str = "/sys/block/zram0";
+/// Names of everything we create start with this.
+pub const PREFIX: &str = "tierswap-bench-";
+
+/// What we changed and what it was before.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Record {
+    /// The process that made the changes.
+    pub pid: u32,
+    /// zswap parameters we changed: name → original value.
+    pub zswap: BTreeMap<String, String>,
+    /// zram0 was configured by us; its original comp_algorithm.
+    pub zram_algorithm: Option<String>,
+    /// Swap files we created (swapped on or not).
+    pub swap_files: Vec<PathBuf>,
+    /// Block devices we swapped on.
+    pub swap_devices: Vec<PathBuf>,
+    /// Cgroup directories we created.
+    pub cgroups: Vec<PathBuf>,
+}
+
+fn state_file() -> PathBuf {
+    Path::new(STATE_DIR).join("state.json")
+}
+
+/// Reads a sysfs/procfs value, trimmed.
+pub fn read(path: impl AsRef<Path>) -> std::io::Result<String> {
+    std::fs::read_to_string(path).map(|s| s.trim().to_string())
+}
+
+/// Writes a sysfs/procfs value.
+pub fn write(path: impl AsRef<Path>, value: &str) -> Result<(), String> {
+    let p = path.as_ref();
+    std::fs::write(p, value).map_err(|e| format!("cannot write '{value}' to {}: {e}", p.display()))
+}
+
+/// The selected value of a sysfs choice list like `[lzo-rle] lzo lz4`.
+pub fn selected(list: &str) -> String {
+    list.split_whitespace()
+        .find(|w| w.starts_with('['))
+        .map(|w| w.trim_matches(|c| c == '[' || c == ']').to_string())
+        .unwrap_or_else(|| list.trim().to_string())
+}
+
+fn run(cmd: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(cmd).args(args).output().map_err(|e| format!("cannot run {cmd}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// Active swap areas, from /proc/swaps.
+pub fn active_swaps() -> Vec<PathBuf> {
+    read("/proc/swaps")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(PathBuf::from))
+        .collect()
+}
+
+/// The system state guard of one lab invocation.
+pub struct System {
+    rec: Record,
+}
+
+impl System {
+    /// Starts recording (after undoing what a killed earlier run left behind).
+    pub fn new() -> System {
+        restore_leftovers();
+        System { rec: Record { pid: std::process::id(), ..Default::default() } }
+    }
+
+    fn save(&self) {
+        let _ = std::fs::create_dir_all(STATE_DIR);
+        if let Ok(text) = serde_json::to_string_pretty(&self.rec) {
+            let tmp = state_file().with_extension("tmp");
+            if std::fs::write(&tmp, text).is_ok() {
+                let _ = std::fs::rename(tmp, state_file());
+            }
+        }
+    }
+
+    /// Sets a zswap parameter, remembering the original first.
+    pub fn set_zswap(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let path = Path::new(ZSWAP).join(name);
+        if !self.rec.zswap.contains_key(name) {
+            let orig = read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            self.rec.zswap.insert(name.to_string(), orig);
+            self.save();
+        }
+        write(&path, value)
+    }
+
+    /// Creates a swap file of `size_bytes` in `dir` and swaps on it.
+    pub fn swapon_file(&mut self, dir: &Path, size_bytes: u64) -> Result<PathBuf, String> {
+        let path = dir.join(format!("{PREFIX}{}.swap", std::process::id()));
+        self.rec.swap_files.push(path.clone());
+        self.save();
+        let _ = std::fs::remove_file(&path);
+        {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::fs::OpenOptionsExt;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| format!("cannot create swap file {}: {e}", path.display()))?;
+            // SAFETY: fallocate on our own new file; swap files must have no holes.
+            let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, size_bytes as libc::off_t) };
+            if r != 0 {
+                return Err(format!(
+                    "cannot allocate {} MiB for swap file {}: {}",
+                    size_bytes >> 20,
+                    path.display(),
+                    std::io::Error::last_os_error()
+                ));
+            }
+        }
+        run("mkswap", &[path.to_str().unwrap_or_default()])?;
+        run("swapon", &[path.to_str().unwrap_or_default()])?;
+        Ok(path)
+    }
+
+    /// Configures /dev/zram0 (lz4, `size_bytes`) and swaps on it.
+    pub fn swapon_zram(&mut self, size_bytes: u64) -> Result<(), String> {
+        if !Path::new(ZRAM).exists() {
+            let _ = run("modprobe", &["zram"]);
+        }
+        if !Path::new(ZRAM).exists() {
+            return Err("no /dev/zram0 (modprobe zram failed)".into());
+        }
+        if read(Path::new(ZRAM).join("disksize")).unwrap_or_default() != "0" && self.rec.zram_algorithm.is_none() {
+            return Err("/dev/zram0 is in use by someone else (disksize is not 0)".into());
+        }
+        if self.rec.zram_algorithm.is_none() {
+            self.rec.zram_algorithm = Some(selected(&read(Path::new(ZRAM).join("comp_algorithm")).unwrap_or_default()));
+            self.save();
+        }
+        write(Path::new(ZRAM).join("reset"), "1")?;
+        write(Path::new(ZRAM).join("comp_algorithm"), "lz4")?;
+        write(Path::new(ZRAM).join("disksize"), &size_bytes.to_string())?;
+        let dev = PathBuf::from("/dev/zram0");
+        if !self.rec.swap_devices.contains(&dev) {
+            self.rec.swap_devices.push(dev.clone());
+            self.save();
+        }
+        run("mkswap", &["/dev/zram0"])?;
+        run("swapon", &["/dev/zram0"])
+    }
+
+    /// Swaps off and removes every swap area we made (between runs and at the end).
+    pub fn swapoff_all(&mut self) {
+        let active = active_swaps();
+        for p in self.rec.swap_files.iter().chain(&self.rec.swap_devices) {
+            if active.contains(p) {
+                let _ = run("swapoff", &[p.to_str().unwrap_or_default()]);
+            }
+        }
+        for f in &self.rec.swap_files {
+            let _ = std::fs::remove_file(f);
+        }
+        if self.rec.zram_algorithm.is_some() {
+            let _ = write(Path::new(ZRAM).join("reset"), "1");
+        }
+    }
+
+    /// Records a cgroup we created.
+    pub fn note_cgroup(&mut self, dir: &Path) {
+        self.rec.cgroups.push(dir.to_path_buf());
+        self.save();
+    }
+
+    /// Puts everything back. Idempotent.
+    pub fn restore(&mut self) {
+        restore_record(&self.rec);
+        self.rec = Record { pid: self.rec.pid, ..Default::default() };
+        let _ = std::fs::remove_file(state_file());
+    }
+}
+
+impl Default for System {
+    fn default() -> Self {
+        System::new()
+    }
+}
+
+impl Drop for System {
+    fn drop(&mut self) {
+        self.restore();
+    }
+}
+
+/// Removes a cgroup directory: its tasks go to the parent first.
+pub fn remove_cgroup(dir: &Path) {
+    if !dir.exists() {
+        return;
+    }
+    let parent_procs = dir.parent().map(|p| p.join("cgroup.procs"));
+    for _ in 0..50 {
+        if let (Ok(procs), Some(pp)) = (read(dir.join("cgroup.procs")), &parent_procs) {
+            for pid in procs.lines() {
+                let _ = std::fs::write(pp, pid);
+            }
+        }
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn restore_record(rec: &Record) {
+    let active = active_swaps();
+    for p in rec.swap_files.iter().chain(&rec.swap_devices) {
+        if active.contains(p) {
+            let _ = run("swapoff", &[p.to_str().unwrap_or_default()]);
+        }
+    }
+    for f in &rec.swap_files {
+        let _ = std::fs::remove_file(f);
+    }
+    if let Some(alg) = &rec.zram_algorithm {
+        let _ = write(Path::new(ZRAM).join("reset"), "1");
+        let _ = write(Path::new(ZRAM).join("comp_algorithm"), alg);
+    }
+    for (name, value) in &rec.zswap {
+        let _ = write(Path::new(ZSWAP).join(name), value);
+    }
+    for c in &rec.cgroups {
+        remove_cgroup(c);
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Undoes what an earlier lab left behind if it was killed before it could (SIGKILL, power
+/// loss of the session…): the state file's record, plus any swap area or cgroup named like
+/// ours whose owner is gone. Returns one line per thing put back.
+pub fn restore_leftovers() -> Vec<String> {
+    let mut done = Vec::new();
+    if let Ok(text) = std::fs::read_to_string(state_file()) {
+        if let Ok(rec) = serde_json::from_str::<Record>(&text) {
+            if rec.pid == std::process::id() || !pid_alive(rec.pid) {
+                restore_record(&rec);
+                done.push(format!("restored what lab process {} left: {:?}", rec.pid, rec));
+                let _ = std::fs::remove_file(state_file());
+            }
+        }
+    }
+    for p in active_swaps() {
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        if let Some(pid) =
+            name.strip_prefix(PREFIX).and_then(|r| r.strip_suffix(".swap")).and_then(|r| r.parse::<u32>().ok())
+        {
+            if !pid_alive(pid) || pid == std::process::id() {
+                let _ = run("swapoff", &[p.to_str().unwrap_or_default()]);
+                let _ = std::fs::remove_file(&p);
+                done.push(format!("swapped off {}", p.display()));
+            }
+        }
+    }
+    for root in ["/sys/fs/cgroup/memory", "/sys/fs/cgroup"] {
+        if let Ok(rd) = std::fs::read_dir(root) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if let Some(rest) = name.strip_prefix(PREFIX) {
+                    let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+                    if pid.is_some_and(|p| !pid_alive(p) || p == std::process::id()) {
+                        remove_cgroup(&e.path());
+                        done.push(format!("removed cgroup {}", e.path().display()));
+                    }
+                }
+            }
+        }
+    }
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_choice_lists() {
+        assert_eq!(selected("[lzo-rle] lzo lz4"), "lzo-rle");
+        assert_eq!(selected("lzo [lz4] zstd"), "lz4");
+        assert_eq!(selected("lzo"), "lzo");
+    }
+}
