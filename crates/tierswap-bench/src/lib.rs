@@ -12,6 +12,7 @@ pub mod kernel;
 pub mod lab;
 pub mod machine;
 pub mod metadata;
+pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod tierswap_engine;

@@ -68,6 +68,9 @@ struct Bench {
     /// Write every run and the summary as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Write one PNG per workload (refault time and µs/page per engine) into this directory.
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// tierswap's tiers, comma-separated from zero, pool, file.
     #[arg(long, default_value = "zero,pool,file")]
     tiers: String,
@@ -251,6 +254,10 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         };
         let text = serde_json::to_string_pretty(&doc)?;
         std::fs::write(path, text).map_err(|e| UserError(format!("cannot write {}: {e}", path.display())))?;
+    }
+    if let Some(dir) = &b.plot {
+        let files = tierswap_bench::plot::write_plots(dir, &header, &summaries)?;
+        eprintln!("tierswap: wrote {} plots to {}", files.len(), dir.display());
     }
     let mismatches: u64 = out.results.iter().map(|r| r.mismatches).sum();
     if mismatches > 0 {

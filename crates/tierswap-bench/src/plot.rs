@@ -1,0 +1,113 @@
+//! Plots: one PNG per workload, median refault time and µs per page per engine with
+//! min–max error bars, readable at a glance.
+
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+
+use crate::report::Summary;
+
+/// The font the plots are drawn with (Debian's fonts-dejavu-core).
+pub const FONT_PATH: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+fn register_font() -> Result<(), String> {
+    let bytes = std::fs::read(FONT_PATH)
+        .map_err(|e| format!("plots need the DejaVu font at {FONT_PATH} ({e}): apt-get install fonts-dejavu-core"))?;
+    // The font lives for the whole process.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| format!("{FONT_PATH} is not a usable TrueType font"))
+}
+
+fn color(engine: &str) -> RGBColor {
+    match engine {
+        "tierswap" => RGBColor(0x1f, 0x77, 0xb4),
+        "kernel-zswap" => RGBColor(0xff, 0x7f, 0x0e),
+        "kernel-zram" => RGBColor(0x2c, 0xa0, 0x2c),
+        _ => RGBColor(0x7f, 0x7f, 0x7f),
+    }
+}
+
+/// Writes `DIR/<workload>.png` for every workload in `summaries`; returns the files.
+pub fn write_plots(dir: &Path, title: &str, summaries: &[Summary]) -> Result<Vec<PathBuf>, String> {
+    register_font()?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let mut workloads: Vec<&str> = Vec::new();
+    for s in summaries {
+        if !workloads.contains(&s.workload.as_str()) {
+            workloads.push(&s.workload);
+        }
+    }
+    let mut files = Vec::new();
+    for w in workloads {
+        let rows: Vec<&Summary> = summaries.iter().filter(|s| s.workload == w).collect();
+        let path = dir.join(format!("{w}.png"));
+        draw(&path, &format!("{w} — {title}"), &rows).map_err(|e| format!("cannot draw {}: {e}", path.display()))?;
+        files.push(path);
+    }
+    Ok(files)
+}
+
+type DrawResult = Result<(), Box<dyn std::error::Error>>;
+
+fn draw(path: &Path, title: &str, rows: &[&Summary]) -> DrawResult {
+    let root = BitMapBackend::new(path, (1200, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(title, ("sans-serif", 22))?;
+    let panels = root.split_evenly((1, 2));
+    let metrics: [(&str, fn(&Summary) -> (f64, f64, f64)); 2] = [
+        ("refault time (s), median and min–max", |s| (s.refault_s.median, s.refault_s.min, s.refault_s.max)),
+        ("µs per refaulted page", |s| {
+            (s.refault_us_per_page.median, s.refault_us_per_page.min, s.refault_us_per_page.max)
+        }),
+    ];
+    for (panel, (label, get)) in panels.iter().zip(metrics) {
+        let top = rows.iter().map(|s| get(s).2).fold(0.0f64, f64::max).max(1e-9) * 1.15;
+        let n = rows.len();
+        let bottom = -top * 0.09;
+        let mut chart = ChartBuilder::on(panel)
+            .margin(16)
+            .caption(label, ("sans-serif", 17))
+            .x_label_area_size(8)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0f64..n as f64, bottom..top)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .disable_x_axis()
+            .y_label_formatter(&|y| match *y {
+                y if y < 0.0 => String::new(),
+                y if top >= 10.0 => format!("{y:.0}"),
+                y => format!("{y:.3}"),
+            })
+            .y_label_style(("sans-serif", 14))
+            .draw()?;
+        for (i, s) in rows.iter().enumerate() {
+            let (med, lo, hi) = get(s);
+            let c = i as f64 + 0.5;
+            chart.draw_series(std::iter::once(Rectangle::new(
+                [(i as f64 + 0.15, 0.0), (i as f64 + 0.85, med)],
+                color(&s.engine).filled(),
+            )))?;
+            // Whisker from min to max with caps.
+            let style = BLACK.stroke_width(2);
+            chart.draw_series(std::iter::once(PathElement::new(vec![(c, lo), (c, hi)], style)))?;
+            for y in [lo, hi] {
+                chart.draw_series(std::iter::once(PathElement::new(vec![(c - 0.08, y), (c + 0.08, y)], style)))?;
+            }
+            let value = if med >= 100.0 { format!("{med:.0}") } else { format!("{med:.3}") };
+            chart.draw_series(std::iter::once(Text::new(
+                value,
+                (i as f64 + 0.18, hi + top * 0.035),
+                ("sans-serif", 15).into_font(),
+            )))?;
+            chart.draw_series(std::iter::once(Text::new(
+                s.engine.clone(),
+                (i as f64 + 0.18, bottom * 0.35),
+                ("sans-serif", 15).into_font(),
+            )))?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}
