@@ -102,6 +102,8 @@ enum BenchWhat {
         #[arg(long, default_value = "256M")]
         size: String,
     },
+    /// Put back the swap, zswap, zram and cgroup settings a killed lab left behind.
+    Restore,
     /// Bytes of metadata per swapped page, ours and the kernel's.
     Metadata {
         /// Bytes to swap out.
@@ -158,6 +160,16 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
             }
             let r = tierswap_bench::metadata::measure(bytes, progress)?;
             print!("{}", r.text());
+            return Ok(ExitCode::SUCCESS);
+        }
+        Some(BenchWhat::Restore) => {
+            let done = tierswap_bench::kernel::system::restore_leftovers();
+            if done.is_empty() {
+                println!("nothing to restore");
+            }
+            for line in done {
+                println!("{line}");
+            }
             return Ok(ExitCode::SUCCESS);
         }
         None => {}

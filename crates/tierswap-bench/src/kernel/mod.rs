@@ -329,6 +329,9 @@ pub fn child_main(arg: &str) -> i32 {
 
 fn child(arg: &str) -> Result<String, String> {
     let spec: ChildSpec = serde_json::from_str(arg).map_err(|e| format!("bad child arguments: {e}"))?;
+    // If the lab dies, so does its workload (it would otherwise keep the cgroup and swap busy).
+    // SAFETY: prctl with PR_SET_PDEATHSIG and a signal number has no memory effects.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     system::write(&spec.procs, &std::process::id().to_string())?;
     let len = spec.size_bytes as usize;
     // SAFETY: a fresh private anonymous mapping of len bytes.

@@ -1,0 +1,144 @@
+//! The lab against the kernel's own swap: the data really goes through each engine, and the
+//! machine is left exactly as it was — after a normal run, after Ctrl-C, and after a run
+//! killed outright (then `tierswap bench restore` puts it back). Needs root.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_tierswap")
+}
+
+#[derive(Debug, PartialEq)]
+struct SystemState {
+    swaps: String,
+    zswap_enabled: String,
+    zswap_compressor: String,
+    zram_disksize: String,
+    our_cgroups: Vec<String>,
+}
+
+fn read(p: &str) -> String {
+    std::fs::read_to_string(p).unwrap_or_default().trim().to_string()
+}
+
+fn state() -> SystemState {
+    let mut our_cgroups = Vec::new();
+    for root in ["/sys/fs/cgroup/memory", "/sys/fs/cgroup"] {
+        if let Ok(rd) = std::fs::read_dir(root) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().to_string();
+                if n.starts_with("tierswap-bench-") {
+                    our_cgroups.push(n);
+                }
+            }
+        }
+    }
+    SystemState {
+        swaps: read("/proc/swaps"),
+        zswap_enabled: read("/sys/module/zswap/parameters/enabled"),
+        zswap_compressor: read("/sys/module/zswap/parameters/compressor"),
+        zram_disksize: read("/sys/block/zram0/disksize"),
+        our_cgroups,
+    }
+}
+
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "the lab's kernel engines need root (CI runs as root)");
+    assert!(Path::new("/sys/module/zswap/parameters/enabled").exists(), "this test needs a kernel with zswap");
+}
+
+// The tests change system-wide swap state: never run two at once.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn kernel_engines_run_and_restore_everything() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require_root();
+    let before = state();
+    let json = std::env::temp_dir().join(format!("tierswap-lab-test-{}.json", std::process::id()));
+    let out = Command::new(bin())
+        .args(["bench", "--workload", "seq64,zero", "--size", "48M", "--budget", "12M", "--runs", "1", "--quiet"])
+        .args(["--engine", "tierswap,kernel-zswap,kernel-zram,kernel-disk", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(state(), before, "the machine is as it was");
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let runs = doc["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 8, "every workload on every engine: {err}");
+    for r in runs {
+        assert_eq!(r["mismatches"], 0, "{r}");
+        let vm = &r["kernel_vmstat"];
+        let n = |k: &str| vm[k].as_u64().unwrap_or(0);
+        if r["workload"] == "seq64" {
+            match r["engine"].as_str().unwrap() {
+                "kernel-zswap" => assert!(n("zswpout") > 0, "zswap saw the data: {vm}"),
+                "kernel-zram" | "kernel-disk" => assert!(n("pswpout") > 0, "the swap device saw the data: {vm}"),
+                _ => assert!(r["counters"]["zswpout"].as_u64().unwrap() > 0),
+            }
+        }
+    }
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(60), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn ours_active() -> bool {
+    let s = state();
+    s.swaps.contains("tierswap-bench-") || s.swaps.contains("zram0")
+}
+
+fn long_lab(engine: &str) -> std::process::Child {
+    Command::new(bin())
+        .args(["bench", "--workload", "seq64", "--size", "512M", "--budget", "64M", "--runs", "3", "--quiet"])
+        .args(["--engine", engine])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn ctrl_c_mid_run_restores() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require_root();
+    let before = state();
+    let mut lab = long_lab("kernel-zram");
+    wait_for("the zram swap to be on", ours_active);
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(lab.id() as i32, libc::SIGINT) };
+    let status = lab.wait().unwrap();
+    assert_eq!(status.code(), Some(2), "interrupted before any run completed: exit 2");
+    assert_eq!(state(), before, "the machine is as it was after Ctrl-C");
+}
+
+#[test]
+fn killed_halfway_then_restore_puts_it_back() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require_root();
+    let before = state();
+    let mut lab = long_lab("kernel-zswap");
+    wait_for("the zswap swap file to be on", ours_active);
+    std::thread::sleep(Duration::from_millis(300));
+    lab.kill().unwrap();
+    lab.wait().unwrap();
+    // The workload child dies with its parent (PDEATHSIG); give it a moment.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_ne!(state(), before, "a SIGKILLed lab cannot clean up after itself");
+    let out = Command::new(bin()).args(["bench", "restore"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("restored"), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(state(), before, "restore put the machine back");
+}
