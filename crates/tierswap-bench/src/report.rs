@@ -157,18 +157,20 @@ pub fn table(machine: &Machine, header: &str, summaries: &[Summary]) -> String {
     ));
     for x in summaries {
         s.push_str(&format!(
-            "{:<16} {:<13} {:>4} {:>22} {:>22} {:>20} {:>9.0} {:>9.3} {:>9} {:>8} {:>8}\n",
+            "{:<16} {:<13} {:>4} {:>22} {:>22} {:>20} {:>7} {:>7.3} {:>8} {:>8} {:>7} {:>7} {:>8}\n",
             x.workload,
             x.engine,
             x.runs,
             spread(&x.swapout_s, 3),
             spread(&x.refault_s, 3),
             spread(&x.refault_us_per_page, 2),
-            x.fault_p99_us.median,
+            if x.fault_p99_us.median > 0.0 { format!("{:.0}", x.fault_p99_us.median) } else { "–".into() },
             x.footprint_max_ratio,
             x.mismatches,
+            if x.free_s.median > 0.0 { format!("{:.4}", x.free_s.median) } else { "–".into() },
             opt_ratio(x.refault_vs_zswap),
             opt_ratio(x.refault_vs_zram),
+            opt_ratio(x.swapout_vs_zswap),
         ));
     }
     s

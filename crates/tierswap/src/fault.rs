@@ -270,6 +270,7 @@ fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) {
 fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
     let mut i = from;
     let mut n = 0;
+    let mut again = 0;
     while i < to {
         let len = (to - i) * PAGE_SIZE;
         // SAFETY: the pages [i, to) are locked staged pages: their only copy is at the same
@@ -289,7 +290,17 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
                 let _ = s.uffd.wake(r.page_addr(at), PAGE_SIZE);
                 done_bytes / PAGE_SIZE + 1
             }
-            Err(uffd::Error::Again { done_bytes, .. }) => done_bytes / PAGE_SIZE,
+            Err(uffd::Error::Again { done_bytes, .. }) if done_bytes > 0 || again < 4 => {
+                again += 1;
+                done_bytes / PAGE_SIZE
+            }
+            Err(uffd::Error::Again { done_bytes, .. }) => {
+                // EAGAIN with no progress, again and again: this kernel's answer for a hole
+                // in the mirror (see tests/uffd_ops.rs). The page read as zeros when staged.
+                let at = i + done_bytes / PAGE_SIZE;
+                install_zero(s, r.page_addr(at), false);
+                done_bytes / PAGE_SIZE + 1
+            }
             Err(e) => fatal(&format!("moving a staged page back to {:#x} failed: {e}", r.page_addr(i))),
         };
         for k in i..i + done_pages {

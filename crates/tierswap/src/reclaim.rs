@@ -250,7 +250,13 @@ impl Reclaim {
                     again += 1;
                     (done_bytes / PAGE_SIZE, None)
                 }
-                Err(uffd::Error::Again { done_bytes, .. }) => (done_bytes / PAGE_SIZE, Some(PteState::Present)),
+                Err(uffd::Error::Again { done_bytes, .. }) => {
+                    // No progress after retries: on Linux 6.18 that is what a hole looks
+                    // like (the program dropped the page); otherwise leave the page be.
+                    let at = i + done_bytes / PAGE_SIZE;
+                    let hole = at < to && !sys::is_resident(r.page_addr(at));
+                    (done_bytes / PAGE_SIZE, Some(if hole { PteState::None } else { PteState::Present }))
+                }
                 Err(uffd::Error::PageExist { done_bytes, .. }) => {
                     // Something is in the mirror at that offset already: keep the page
                     // where it is.

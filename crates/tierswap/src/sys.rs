@@ -83,3 +83,12 @@ mod tests {
         unsafe { munmap(addr, len) }.expect("munmap");
     }
 }
+
+/// Whether the page at `addr` (page-aligned, in a mapping of ours) is resident (mincore):
+/// false for a hole in anonymous memory.
+pub fn is_resident(addr: usize) -> bool {
+    let mut vec = 0u8;
+    // SAFETY: mincore writes one byte for one page into `vec`; the range is our mapping.
+    let r = unsafe { libc::mincore(addr as *mut libc::c_void, crate::page::PAGE_SIZE, &mut vec) };
+    r == 0 && vec & 1 == 1
+}

@@ -247,3 +247,32 @@ fn first_touch_reads_zero_and_bad_sizes_are_refused() {
     assert!(p.region(0, Hint::Normal).is_err());
     assert!(Pager::new(PagerConfig { budget_bytes: 1 << 20, ..Default::default() }).is_err());
 }
+
+#[test]
+fn pages_the_program_drops_read_back_as_zeros() {
+    let p = pager(8 << 20, "zero,pool,file");
+    let n = 64;
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    let mem = r.as_mut_slice();
+    for pg in 0..n {
+        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 9);
+    }
+    // The program discards pages 8..24 (MADV_DONTNEED means: contents thrown away).
+    // SAFETY: a range of our own region.
+    assert_eq!(
+        unsafe { libc::madvise(mem.as_mut_ptr().add(8 * PAGE) as *mut libc::c_void, 16 * PAGE, libc::MADV_DONTNEED) },
+        0
+    );
+    p.evict_all();
+    for pg in 0..n {
+        let page = &mem[pg * PAGE..(pg + 1) * PAGE];
+        if (8..24).contains(&pg) {
+            assert!(page.iter().all(|&b| b == 0), "dropped page {pg} reads zeros");
+        } else {
+            assert!(page_matches(page, pg, 9), "page {pg} intact");
+        }
+    }
+    drop(r);
+    let st = p.stats();
+    assert_eq!((st.swap_slots, st.present_pages, st.staged_pages), (0, 0, 0));
+}
