@@ -109,8 +109,17 @@ pub struct RunResult {
     pub pages_verified: u64,
     /// Pages that differed.
     pub mismatches: u64,
-    /// Highest footprint sampled (≤ 10 ms apart): pager footprint, or memcg usage.
+    /// Highest footprint sampled (≤ 10 ms apart): the pager's footprint (pages, pool,
+    /// metadata); for the kernel engines the memcg's usage plus the compressed pool (zswap's
+    /// pool or zram's memory), which cgroup v1 does not charge to the memcg.
     pub footprint_max_bytes: u64,
+    /// Kernel engines: highest memcg usage alone.
+    #[serde(default)]
+    pub memcg_max_bytes: u64,
+    /// Kernel engines: highest compressed pool size (Zswap in /proc/meminfo, or zram's
+    /// mem_used_total).
+    #[serde(default)]
+    pub kernel_pool_max_bytes: u64,
     /// p50 / p99 fault latency in µs where the engine records it.
     pub fault_p50_us: u64,
     /// See `fault_p50_us`.

@@ -106,6 +106,8 @@ impl Engine for TierswapEngine {
             pages_verified: v.pages_verified,
             mismatches: v.mismatches,
             footprint_max_bytes: footprint_max,
+            memcg_max_bytes: 0,
+            kernel_pool_max_bytes: 0,
             fault_p50_us: phase.fault_latency_percentile_us(50.0),
             fault_p99_us: phase.fault_latency_percentile_us(99.0),
             counters: after.counters.pairs().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::compress::decompress;
-use crate::backend::file::AlignedBuf;
+use crate::backend::file::{AlignedBuf, UnitCache, DEFAULT_UNIT_BYTES};
 use crate::backend::pool::PoolHandle;
 use crate::backend::zero::fill_pattern;
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
@@ -28,8 +28,8 @@ pub(crate) struct Scratch {
     page: AlignedBuf,
     /// Compressed bytes read from the file.
     compressed: Vec<u8>,
-    /// Direct-IO window for file reads.
-    io: AlignedBuf,
+    /// The last file unit read (pages evicted together come back together).
+    unit: UnitCache,
 }
 
 impl Scratch {
@@ -37,7 +37,7 @@ impl Scratch {
         Ok(Scratch {
             page: AlignedBuf::new(PAGE_SIZE)?,
             compressed: vec![0u8; PAGE_SIZE],
-            io: AlignedBuf::new(3 * PAGE_SIZE)?,
+            unit: UnitCache::new(DEFAULT_UNIT_BYTES)?,
         })
     }
 }
@@ -353,16 +353,24 @@ fn read_entry(s: &Shared, slot: u64, e: SwapEntry, scratch: &mut Scratch) -> Res
         Tag::File => {
             let file = s.file.as_ref().ok_or_else(|| ReadFail::Corrupt("file entry without a file tier".into()))?;
             let (off, len) = e.addr_len();
-            file.read(off, len, slot, &mut scratch.io, &mut scratch.compressed).map_err(|err| match err {
-                crate::backend::file::FileError::Corrupt { .. } => {
-                    s.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
-                    ReadFail::Corrupt(err.to_string())
-                }
-                _ => {
-                    s.counters.read_errors.fetch_add(1, Ordering::Relaxed);
-                    ReadFail::Io(err.to_string())
-                }
-            })?;
+            let hit =
+                file.read_cached(off, len, slot, &mut scratch.unit, &mut scratch.compressed).map_err(
+                    |err| match err {
+                        crate::backend::file::FileError::Corrupt { .. } => {
+                            s.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                            ReadFail::Corrupt(err.to_string())
+                        }
+                        _ => {
+                            s.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                            ReadFail::Io(err.to_string())
+                        }
+                    },
+                )?;
+            if hit {
+                s.counters.file_unit_hits.fetch_add(1, Ordering::Relaxed);
+            } else {
+                s.counters.file_unit_reads.fetch_add(1, Ordering::Relaxed);
+            }
             if len == PAGE_SIZE {
                 page.copy_from_slice(&scratch.compressed[..PAGE_SIZE]);
             } else {

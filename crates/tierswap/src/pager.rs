@@ -133,13 +133,17 @@ pub(crate) struct Shared {
     /// Written to stop the fault threads' poll.
     pub(crate) stop_fd: OwnedFd,
     pub(crate) warned_over_budget: AtomicBool,
+    /// Number of fault threads.
+    pub(crate) fault_threads: usize,
 }
 
 impl Shared {
     /// The footprint: present + staged pages, pool spans, one file unit buffer, metadata.
     pub(crate) fn footprint_bytes(&self) -> u64 {
         let pages = self.present_pages.load(Ordering::Relaxed) + self.staged_pages.load(Ordering::Relaxed);
-        let file_buf = if self.file.is_some() { DEFAULT_UNIT_BYTES as u64 } else { 0 };
+        // Reclaim's write unit and each fault thread's unit cache.
+        let file_buf =
+            if self.file.is_some() { (1 + self.fault_threads) as u64 * DEFAULT_UNIT_BYTES as u64 } else { 0 };
         pages.max(0) as u64 * PAGE_SIZE as u64
             + self.pool.total_bytes()
             + file_buf
@@ -321,6 +325,7 @@ impl Pager {
             next_region_id: AtomicU64::new(1),
             stop_fd,
             warned_over_budget: AtomicBool::new(false),
+            fault_threads: n_fault,
         });
         shared.refresh_metadata();
         let mut handles = Vec::new();

@@ -88,6 +88,10 @@ counters! {
     file_writes,
     /// Bytes written to the file tier.
     file_write_bytes,
+    /// Whole units read from the file tier by faults (one IO each).
+    file_unit_reads,
+    /// File records served from a unit a fault thread had already read.
+    file_unit_hits,
     /// Page faults served.
     faults,
     /// First-touch faults (no data yet).

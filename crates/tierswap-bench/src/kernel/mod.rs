@@ -129,6 +129,27 @@ impl KernelEngine {
         }
     }
 
+    /// Bytes of compressed pool the kernel holds now: cgroup v1 charges neither zswap's pool
+    /// nor zram's memory to the memcg, so the lab adds it to the footprint.
+    fn pool_bytes(&self) -> u64 {
+        match self.kind {
+            EngineKind::KernelZswap => read("/proc/meminfo")
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.starts_with("Zswap:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+                .map_or(0, |kb| kb * 1024),
+            EngineKind::KernelZram => read("/sys/block/zram0/mm_stat")
+                .unwrap_or_default()
+                .split_whitespace()
+                .nth(2)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            _ => 0,
+        }
+    }
+
     /// Brings this engine's swap up, with room for `size_bytes`.
     fn activate(&mut self, size_bytes: u64) -> Result<(), String> {
         let dir = self.swap_dir();
@@ -253,12 +274,14 @@ impl KernelEngine {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| self.failed(spec, format!("cannot start the workload child: {e}")))?;
-        let mut peak = 0u64;
+        let (mut peak, mut memcg_peak, mut pool_peak) = (0u64, 0u64, 0u64);
         let deadline = Instant::now() + Duration::from_secs(3600);
         let status = loop {
-            if let Ok(v) = read(dir.join(cg.usage_file())).unwrap_or_default().parse::<u64>() {
-                peak = peak.max(v);
-            }
+            let usage = read(dir.join(cg.usage_file())).unwrap_or_default().parse::<u64>().unwrap_or(0);
+            let pool = self.pool_bytes();
+            memcg_peak = memcg_peak.max(usage);
+            pool_peak = pool_peak.max(pool);
+            peak = peak.max(usage + pool);
             match child.try_wait() {
                 Ok(Some(st)) => break st,
                 Ok(None) => {}
@@ -272,6 +295,7 @@ impl KernelEngine {
             std::thread::sleep(Duration::from_millis(5));
         };
         if let Ok(v) = read(dir.join(cg.peak_file())).unwrap_or_default().parse::<u64>() {
+            memcg_peak = memcg_peak.max(v);
             peak = peak.max(v);
         }
         let vm1 = read_vmstat();
@@ -303,6 +327,8 @@ impl KernelEngine {
             pages_verified: r.pages_verified,
             mismatches: r.mismatches,
             footprint_max_bytes: peak,
+            memcg_max_bytes: memcg_peak,
+            kernel_pool_max_bytes: pool_peak,
             fault_p50_us: 0,
             fault_p99_us: 0,
             counters: Default::default(),

@@ -119,6 +119,42 @@ impl Drop for AlignedBuf {
     }
 }
 
+/// Checks a record (magic, length, slot, checksum) and returns its payload.
+fn verify_record(r: &[u8], offset: u64, len: usize, slot: u64) -> Result<&[u8], FileError> {
+    let corrupt = |what| FileError::Corrupt { offset, slot, what };
+    if u16::from_le_bytes([r[0], r[1]]) != MAGIC {
+        return Err(corrupt("bad magic"));
+    }
+    let rlen = u16::from_le_bytes([r[2], r[3]]);
+    if rlen as usize != len {
+        return Err(corrupt("length differs from the swap entry"));
+    }
+    let rslot = u64::from_le_bytes(r[8..16].try_into().unwrap_or([0; 8]));
+    if rslot != slot {
+        return Err(corrupt("record belongs to another slot"));
+    }
+    let payload = &r[16..16 + len];
+    if u32::from_le_bytes([r[4], r[5], r[6], r[7]]) != record_crc(slot, rlen, payload) {
+        return Err(corrupt("checksum mismatch"));
+    }
+    Ok(payload)
+}
+
+/// A fault thread's copy of the last unit it read (see [`FileTier::read_cached`]).
+pub struct UnitCache {
+    buf: AlignedBuf,
+    unit: u64,
+    generation: u32,
+    valid_bytes: usize,
+}
+
+impl UnitCache {
+    /// An empty cache for units of `unit_bytes`.
+    pub fn new(unit_bytes: usize) -> io::Result<UnitCache> {
+        Ok(UnitCache { buf: AlignedBuf::new(unit_bytes)?, unit: u64::MAX, generation: 0, valid_bytes: 0 })
+    }
+}
+
 /// One unit being filled with records before it is written.
 pub struct UnitWriter {
     buf: AlignedBuf,
@@ -175,6 +211,8 @@ impl UnitWriter {
 struct Units {
     /// Live record bytes per unit.
     live_bytes: Vec<u32>,
+    /// Times each unit was written: a cached copy of a unit is good while this matches.
+    generation: Vec<u32>,
     /// Units with no live record below `live_bytes.len()`, lowest used first.
     free: std::collections::BTreeSet<u32>,
 }
@@ -202,7 +240,7 @@ impl FileTier {
             path_shown: dir.join("(unlinked tierswap swap file)"),
             direct,
             unit_bytes,
-            units: Mutex::new(Units { live_bytes: Vec::new(), free: Default::default() }),
+            units: Mutex::new(Units { live_bytes: Vec::new(), generation: Vec::new(), free: Default::default() }),
             live_bytes: AtomicU64::new(0),
             live_records: AtomicU64::new(0),
             units_in_use: AtomicU64::new(0),
@@ -239,9 +277,11 @@ impl FileTier {
                 Some(x) => x,
                 None => {
                     u.live_bytes.push(0);
+                    u.generation.push(0);
                     (u.live_bytes.len() - 1) as u32
                 }
             };
+            u.generation[unit as usize] = u.generation[unit as usize].wrapping_add(1);
             // Claimed before the write so no other writer takes it; released on error.
             u.live_bytes[unit as usize] = w.used_bytes as u32;
             unit
@@ -277,25 +317,69 @@ impl FileTier {
         assert!(window <= scratch.len(), "read scratch too small");
         let buf = &mut scratch.as_mut_slice()[..window];
         self.file.read_exact_at(buf, start).map_err(|source| FileError::Io { op: "read", offset, source })?;
-        let r = &buf[(offset - start) as usize..(offset - start) as usize + rec];
-        let corrupt = |what| FileError::Corrupt { offset, slot, what };
-        if u16::from_le_bytes([r[0], r[1]]) != MAGIC {
-            return Err(corrupt("bad magic"));
-        }
-        let rlen = u16::from_le_bytes([r[2], r[3]]);
-        if rlen as usize != len {
-            return Err(corrupt("length differs from the swap entry"));
-        }
-        let rslot = u64::from_le_bytes(r[8..16].try_into().unwrap_or([0; 8]));
-        if rslot != slot {
-            return Err(corrupt("record belongs to another slot"));
-        }
-        let payload = &r[16..16 + len];
-        if u32::from_le_bytes([r[4], r[5], r[6], r[7]]) != record_crc(slot, rlen, payload) {
-            return Err(corrupt("checksum mismatch"));
-        }
-        out[..len].copy_from_slice(payload);
+        let at = (offset - start) as usize;
+        out[..len].copy_from_slice(verify_record(&buf[at..at + rec], offset, len, slot)?);
         Ok(())
+    }
+
+    /// Like [`FileTier::read`], but through `cache`: the whole unit holding the record is
+    /// read in one IO and kept, so the records written together with it (pages evicted
+    /// together) come from memory. Returns whether the record came from the cache.
+    ///
+    /// The caller holds the slot's swap entry locked, so the record stays live and its unit
+    /// cannot be rewritten meanwhile; the unit's generation tells whether a cached copy is
+    /// still the unit on disk.
+    pub fn read_cached(
+        &self,
+        offset: u64,
+        len: usize,
+        slot: u64,
+        cache: &mut UnitCache,
+        out: &mut [u8],
+    ) -> Result<bool, FileError> {
+        let unit = offset / self.unit_bytes as u64;
+        let generation = {
+            let u = self.units.lock().unwrap_or_else(|e| e.into_inner());
+            u.generation.get(unit as usize).copied().unwrap_or(0)
+        };
+        let hit = cache.unit == unit && cache.generation == generation && cache.valid_bytes > 0;
+        if !hit {
+            assert!(cache.buf.len() >= self.unit_bytes, "unit cache smaller than a unit");
+            cache.valid_bytes = 0;
+            let base = unit * self.unit_bytes as u64;
+            let buf = &mut cache.buf.as_mut_slice()[..self.unit_bytes];
+            let mut got = 0;
+            // The tail unit may be shorter on disk than a full unit.
+            while got < buf.len() {
+                match self.file.read_at(&mut buf[got..], base + got as u64) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(source) => return Err(FileError::Io { op: "read", offset, source }),
+                }
+            }
+            cache.unit = unit;
+            cache.generation = generation;
+            cache.valid_bytes = got;
+        }
+        let at = (offset - unit * self.unit_bytes as u64) as usize;
+        let rec = record_bytes(len);
+        if at + rec > cache.valid_bytes {
+            cache.valid_bytes = 0;
+            return Err(FileError::Corrupt { offset, slot, what: "record beyond the end of the file" });
+        }
+        let payload = verify_record(&cache.buf.as_slice()[at..at + rec], offset, len, slot);
+        match payload {
+            Ok(p) => {
+                out[..len].copy_from_slice(p);
+                Ok(hit)
+            }
+            Err(e) => {
+                // Never trust this copy again.
+                cache.valid_bytes = 0;
+                Err(e)
+            }
+        }
     }
 
     /// Frees a record; a unit left with no live record is punched out of the file.
@@ -321,6 +405,7 @@ impl FileTier {
                 u.free.remove(&last);
                 u.live_bytes.pop();
             }
+            // Generations stay: a unit written again later must not match an old copy.
             let n = u.live_bytes.len() as u32;
             u.free.retain(|&x| x < n);
             let _ = self.file.set_len(n as u64 * self.unit_bytes as u64);
@@ -512,6 +597,34 @@ mod tests {
             t.read(base + off as u64, 300, 9, &mut scratch, &mut out),
             Err(FileError::Corrupt { what: "checksum mismatch", .. })
         ));
+    }
+
+    #[test]
+    fn unit_cache_serves_neighbours_and_never_a_stale_copy() {
+        let t = tier();
+        let mut w = UnitWriter::new(t.unit_bytes()).unwrap();
+        let offs: Vec<usize> = (0..20u64).map(|slot| w.push(slot, &[slot as u8 + 1; 900]).unwrap()).collect();
+        let base = t.write_unit(&w).unwrap();
+        let mut cache = UnitCache::new(t.unit_bytes()).unwrap();
+        let mut out = vec![0u8; PAGE_SIZE];
+        for (slot, &off) in offs.iter().enumerate() {
+            let hit = t.read_cached(base + off as u64, 900, slot as u64, &mut cache, &mut out).unwrap();
+            assert_eq!(hit, slot > 0, "one IO for the unit, then hits");
+            assert!(out[..900].iter().all(|&b| b == slot as u8 + 1));
+        }
+        // Free the unit, write the same slot at the same place with other bytes: the cached
+        // copy must not be served.
+        for (slot, &off) in offs.iter().enumerate() {
+            t.free(base + off as u64, 900);
+            let _ = slot;
+        }
+        w.clear();
+        let off0 = w.push(0, &[0xEE; 900]).unwrap();
+        let base2 = t.write_unit(&w).unwrap();
+        assert_eq!((base2, off0), (base, offs[0]), "same unit, same offset");
+        let hit = t.read_cached(base2 + off0 as u64, 900, 0, &mut cache, &mut out).unwrap();
+        assert!(!hit, "a rewritten unit is read again");
+        assert!(out[..900].iter().all(|&b| b == 0xEE));
     }
 
     #[test]
