@@ -45,22 +45,9 @@ struct Reclaim {
 
 /// The reclaim thread's loop.
 pub(crate) fn reclaim_thread(s: Arc<Shared>) {
-    let writer = if s.file.is_some() {
-        match UnitWriter::new(DEFAULT_UNIT_BYTES) {
-            Ok(w) => Some(w),
-            Err(e) => fatal(&format!("reclaim cannot map its write buffer: {e}")),
-        }
-    } else {
-        None
-    };
-    let mut r = Reclaim {
-        s,
-        compressed: vec![0u8; COMPRESS_BUF_BYTES],
-        writer,
-        slots: Vec::with_capacity(BLOCK_PAGES),
-        next_region: 0,
-        last_metadata: Instant::now(),
-        warned_write_error: false,
+    let mut r = match Reclaim::new(s) {
+        Ok(r) => r,
+        Err(e) => fatal(&format!("reclaim cannot map its write buffer: {e}")),
     };
     loop {
         {
@@ -90,6 +77,22 @@ pub(crate) fn reclaim_thread(s: Arc<Shared>) {
 }
 
 impl Reclaim {
+    fn new(s: Arc<Shared>) -> std::io::Result<Reclaim> {
+        let writer = match s.file {
+            Some(_) => Some(UnitWriter::new(DEFAULT_UNIT_BYTES)?),
+            None => None,
+        };
+        Ok(Reclaim {
+            s,
+            compressed: vec![0u8; COMPRESS_BUF_BYTES],
+            writer,
+            slots: Vec::with_capacity(BLOCK_PAGES),
+            next_region: 0,
+            last_metadata: Instant::now(),
+            warned_write_error: false,
+        })
+    }
+
     fn notify_room(&self) {
         let (m, cv) = &self.s.room;
         *m.lock().unwrap_or_else(|e| e.into_inner()) += 1;
@@ -659,22 +662,12 @@ enum Stored {
 /// Stages and evicts every present and staged page of every region now, on the calling
 /// thread (tests and the lab's forced swap-out). Returns pages evicted.
 pub(crate) fn evict_everything(s: &Arc<Shared>) -> usize {
-    let writer = match s.file.as_ref().map(|_| UnitWriter::new(DEFAULT_UNIT_BYTES)) {
-        Some(Ok(w)) => Some(w),
-        Some(Err(e)) => {
-            eprintln!("tierswap: cannot map a write buffer: {e}");
-            None
+    let mut r = match Reclaim::new(s.clone()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tierswap: cannot map a write buffer for eviction: {e}");
+            return 0;
         }
-        None => None,
-    };
-    let mut r = Reclaim {
-        s: s.clone(),
-        compressed: vec![0u8; COMPRESS_BUF_BYTES],
-        writer,
-        slots: Vec::with_capacity(BLOCK_PAGES),
-        next_region: 0,
-        last_metadata: Instant::now(),
-        warned_write_error: false,
     };
     let mut evicted = 0;
     for region in r.regions() {

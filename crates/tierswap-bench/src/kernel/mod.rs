@@ -308,7 +308,18 @@ impl KernelEngine {
             let _ = e.read_to_string(&mut err);
         }
         if !status.success() {
-            return Err(self.failed(spec, format!("workload child {status}: {}", err.trim())));
+            let oom_kills = read(dir.join("memory.oom_control"))
+                .or_else(|_| read(dir.join("memory.events")))
+                .unwrap_or_default()
+                .lines()
+                .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse::<u64>().ok()))
+                .unwrap_or(0);
+            let why = if oom_kills > 0 {
+                format!("the kernel's OOM killer ended the workload inside the {} MiB memcg", spec.budget_bytes >> 20)
+            } else {
+                format!("workload child {status}: {}", err.trim())
+            };
+            return Err(self.failed(spec, why));
         }
         let r: ChildResult = serde_json::from_str(out.trim())
             .map_err(|e| self.failed(spec, format!("bad child output ({e}): {out}")))?;
