@@ -165,8 +165,12 @@ fn finish_fault(s: &Shared, t0: Instant) {
 }
 
 /// Blocks while the footprint is over the budget and reclaim can still bring it down.
+/// It cannot when its last pass found nothing to evict, or when what eviction cannot
+/// shrink (a pool that could not be written back, metadata) already fills the budget:
+/// then the program goes on over budget, which reclaim counts and reports.
 fn wait_for_room(s: &Shared) {
-    if s.footprint_bytes() <= s.budget() {
+    let hopeless = || s.reclaim_stuck.load(Ordering::Relaxed) || s.footprint_floor() >= s.low_watermark();
+    if s.footprint_bytes() <= s.budget() || hopeless() {
         return;
     }
     s.counters.throttled_faults.fetch_add(1, Ordering::Relaxed);
@@ -184,7 +188,7 @@ fn wait_for_room(s: &Shared) {
         let gen = *g;
         let (g2, _) = cv.wait_timeout(g, Duration::from_millis(5)).unwrap_or_else(|e| e.into_inner());
         g = g2;
-        if *g != gen && s.footprint_bytes() <= s.budget() {
+        if *g != gen && (s.footprint_bytes() <= s.budget() || hopeless()) {
             return;
         }
     }

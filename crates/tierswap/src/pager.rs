@@ -129,6 +129,8 @@ pub(crate) struct Shared {
     pub(crate) shutdown: AtomicBool,
     /// Reclaim is between passes with nothing to do.
     pub(crate) reclaim_idle: AtomicBool,
+    /// Reclaim's last pass over budget found nothing to evict: faults stop waiting for room.
+    pub(crate) reclaim_stuck: AtomicBool,
     pub(crate) next_region_id: AtomicU64,
     /// Written to stop the fault threads' poll.
     pub(crate) stop_fd: OwnedFd,
@@ -141,13 +143,15 @@ impl Shared {
     /// The footprint: present + staged pages, pool spans, one file unit buffer, metadata.
     pub(crate) fn footprint_bytes(&self) -> u64 {
         let pages = self.present_pages.load(Ordering::Relaxed) + self.staged_pages.load(Ordering::Relaxed);
-        // Reclaim's write unit and each fault thread's unit cache.
+        pages.max(0) as u64 * PAGE_SIZE as u64 + self.footprint_floor()
+    }
+
+    /// The part of the footprint evicting pages cannot shrink: the pool, reclaim's write
+    /// unit and each fault thread's unit cache, metadata.
+    pub(crate) fn footprint_floor(&self) -> u64 {
         let file_buf =
             if self.file.is_some() { (1 + self.fault_threads) as u64 * DEFAULT_UNIT_BYTES as u64 } else { 0 };
-        pages.max(0) as u64 * PAGE_SIZE as u64
-            + self.pool.total_bytes()
-            + file_buf
-            + self.metadata_bytes.load(Ordering::Relaxed)
+        self.pool.total_bytes() + file_buf + self.metadata_bytes.load(Ordering::Relaxed)
     }
 
     pub(crate) fn budget(&self) -> u64 {
@@ -322,6 +326,7 @@ impl Pager {
             room: (Mutex::new(0), Condvar::new()),
             shutdown: AtomicBool::new(false),
             reclaim_idle: AtomicBool::new(true),
+            reclaim_stuck: AtomicBool::new(false),
             next_region_id: AtomicU64::new(1),
             stop_fd,
             warned_over_budget: AtomicBool::new(false),

@@ -131,6 +131,7 @@ impl Reclaim {
                     progress += self.writeback(WRITEBACK_CLUSTERS);
                 }
             }
+            self.s.reclaim_stuck.store(progress == 0 && over, Ordering::Relaxed);
             self.notify_room();
             if progress == 0 {
                 if over {
