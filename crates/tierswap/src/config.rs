@@ -111,6 +111,8 @@ pub struct PagerConfig {
     pub swap_dir: Option<PathBuf>,
     /// Fault threads reading the userfaultfd; 0 means one per CPU.
     pub fault_threads: usize,
+    /// Cap of the readahead window for disk-backed slots, in pages; 1 turns readahead off.
+    pub readahead_max_pages: u32,
 }
 
 impl Default for PagerConfig {
@@ -122,6 +124,7 @@ impl Default for PagerConfig {
             pool_max_bytes: None,
             swap_dir: None,
             fault_threads: 0,
+            readahead_max_pages: crate::policy::readahead::DEFAULT_MAX_PAGES,
         }
     }
 }

@@ -137,6 +137,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
         }
         PteState::Swapped => {
             let slot = old.payload();
+            let from_disk = s.swap.load(slot).tag() == Tag::File;
             match read_slot(s, slot, scratch) {
                 Ok(Some(())) => {
                     let _ = copy_page(s, page_addr, scratch.page.as_slice());
@@ -149,11 +150,65 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             put_slot(s, slot);
             s.present_pages.fetch_add(1, Ordering::Relaxed);
             s.counters.faults_swapped.fetch_add(1, Ordering::Relaxed);
-            Pte::present()
+            r.ptes.unlock(idx, old, Pte::present());
+            finish_fault(s, t0);
+            if from_disk {
+                // The program runs again already; read its likely next pages meanwhile.
+                let window = r.ra.next(idx, r.hint, s.config.readahead_max_pages);
+                if window <= 1 {
+                    s.counters.swap_ra_off.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    read_ahead(s, &r, idx + 1, (idx + window as usize).min(r.n_pages), scratch);
+                }
+            }
+            return;
         }
     };
     r.ptes.unlock(idx, old, new);
     finish_fault(s, t0);
+}
+
+/// Reads the disk-backed pages among `[from, to)` into staging (marked read-ahead), where
+/// their first touch finds them in memory. Pages in other tiers, shared by fork, or busy
+/// are left alone: readahead is a guess and never waits.
+fn read_ahead(s: &Shared, r: &RegionInner, from: usize, to: usize, scratch: &mut Scratch) {
+    let mut read = 0u64;
+    let mut last_block = usize::MAX;
+    for j in from..to {
+        let Some(old) = r.ptes.try_lock_in(j, PteState::Swapped) else {
+            continue;
+        };
+        let slot = old.payload();
+        let Some(e) = s.swap.try_lock(slot) else {
+            r.ptes.unlock(j, old, old);
+            continue;
+        };
+        let ok = e.tag() == Tag::File
+            && e.count() == 1
+            && matches!(read_entry(s, slot, e, scratch), Ok(Some(())))
+            && s.uffd.copy(r.mirror_addr(j), &scratch.page.as_slice()[..PAGE_SIZE], true, false).is_ok();
+        if !ok {
+            // A failed read here is left for the page's own fault, which reports it.
+            s.swap.unlock(slot, e, e);
+            r.ptes.unlock(j, old, old);
+            continue;
+        }
+        free_backend(s, e);
+        s.swap.unlock(slot, e, SwapEntry::FREE);
+        r.ptes.unlock(j, old, Pte::staged_readahead());
+        s.staged_pages.fetch_add(1, Ordering::Relaxed);
+        read += 1;
+        let block = j / BLOCK_PAGES;
+        if block != last_block {
+            // On the inactive list, like any staged block: evicted again if unused.
+            s.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((r.id, block));
+            last_block = block;
+        }
+    }
+    s.counters.swap_ra.fetch_add(read, Ordering::Relaxed);
+    if read > 0 && s.footprint_bytes() > s.high_watermark() {
+        s.kick_reclaim();
+    }
 }
 
 fn finish_fault(s: &Shared, t0: Instant) {
@@ -307,9 +362,15 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
             }
             Err(e) => fatal(&format!("moving a staged page back to {:#x} failed: {e}", r.page_addr(i))),
         };
+        let mut ra_hits = 0;
         for k in i..i + done_pages {
             let old = r.ptes.load(k);
+            ra_hits += old.is_readahead() as u32;
             r.ptes.unlock(k, old, Pte::present().with_active(true));
+        }
+        if ra_hits > 0 {
+            r.ra.hit(ra_hits);
+            s.counters.swap_ra_hit.fetch_add(ra_hits as u64, Ordering::Relaxed);
         }
         n += done_pages as i64;
         i += done_pages;

@@ -24,6 +24,7 @@ use crate::backend::pool::Pool;
 use crate::config::{ConfigError, Hint, PagerConfig};
 use crate::page::{pages_for, pages_to_bytes, PAGE_SIZE};
 use crate::pagetable::{PageTable, PteState};
+use crate::policy::readahead::Readahead;
 use crate::stats::{Counters, Stats};
 use crate::swap::{SwapSpace, Tag, DEFAULT_MAX_SLOTS};
 use crate::sys;
@@ -81,6 +82,8 @@ pub(crate) struct RegionInner {
     pub(crate) dead: AtomicBool,
     /// Held by reclaim while it changes the region, and by teardown.
     pub(crate) reclaim_lock: Mutex<()>,
+    /// The readahead window of disk faults in this region.
+    pub(crate) ra: Readahead,
 }
 
 impl RegionInner {
@@ -407,6 +410,7 @@ impl Pager {
             clock_block: AtomicUsize::new(0),
             dead: AtomicBool::new(false),
             reclaim_lock: Mutex::new(()),
+            ra: Readahead::default(),
         });
         self.shared.regions.write().unwrap_or_else(|e| e.into_inner()).push(inner.clone());
         Ok(Region { inner, shared: self.shared.clone(), _threads: self.threads.clone() })
@@ -492,6 +496,11 @@ fn stats_of(s: &Shared) -> Stats {
 }
 
 impl Region {
+    /// The readahead window last decided for disk faults here, in pages (1: none).
+    pub fn readahead_window(&self) -> u32 {
+        self.inner.ra.window()
+    }
+
     /// The first byte.
     pub fn as_ptr(&self) -> *mut u8 {
         self.inner.start as *mut u8
@@ -510,6 +519,13 @@ impl Region {
     /// The region's hint.
     pub fn hint(&self) -> Hint {
         self.inner.hint
+    }
+
+    /// The region as a read-only byte slice.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is ours, `len()` bytes long and lives as long as `self`; no
+        // `&mut` slice can coexist with this borrow.
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()) }
     }
 
     /// The region as a byte slice.

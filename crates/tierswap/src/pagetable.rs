@@ -40,7 +40,8 @@ pub enum PteState {
 ///  L       lock bit: the page is in transition; only the holder changes the pte
 ///  state   0 None, 1 Present, 2 Staged, 3 Swapped
 ///  A       active: the page was refaulted from the inactive list (workingset)
-///  payload Swapped: the swap slot id; otherwise 0
+///  payload Swapped: the swap slot id; Staged: 1 if brought in by readahead and not yet
+///          used, else 0; otherwise 0
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Pte(u64);
@@ -76,6 +77,16 @@ impl Pte {
     /// A staged pte.
     pub const fn staged() -> Pte {
         Pte::new(PteState::Staged, 0)
+    }
+
+    /// A staged pte of a page read ahead from disk, not yet used by the program.
+    pub const fn staged_readahead() -> Pte {
+        Pte::new(PteState::Staged, 1)
+    }
+
+    /// Whether this is a staged page read ahead and not yet used.
+    pub const fn is_readahead(self) -> bool {
+        matches!(self.state(), PteState::Staged) && self.payload() == 1
     }
 
     /// A swapped pte pointing at `slot`.

@@ -70,6 +70,8 @@ counters! {
     swap_ra,
     /// Read-ahead pages touched afterwards.
     swap_ra_hit,
+    /// Disk faults served with a window of one page: no readahead, for lack of locality.
+    swap_ra_off,
     /// Refaults of pages evicted recently enough to count as working set.
     workingset_refault,
     /// Refaulted pages activated at once.

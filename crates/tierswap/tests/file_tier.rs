@@ -79,7 +79,9 @@ fn corrupted_child() {
     for pg in 0..n {
         fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg);
     }
-    assert_eq!(p.evict_all(), n);
+    p.evict_all();
+    assert_eq!(r.page_states(), (0, 0, n), "every page evicted");
+    let mem = r.as_slice();
     let mut f = open_swap_file();
     let pos = corrupt_record(&mut f, 3);
     eprintln!("corrupted byte at file offset {pos}");
@@ -172,11 +174,66 @@ fn the_swap_file_is_private_and_unlinked() {
     for pg in 0..n {
         fill_page(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg);
     }
-    assert_eq!(p.evict_all(), n);
+    p.evict_all();
+    assert_eq!(r.page_states(), (0, 0, n), "every page evicted");
     let f = open_swap_file();
     let m = f.metadata().unwrap();
     assert_eq!(m.mode() & 0o777, 0o600, "only the owner may read or write the swap file");
     assert_eq!(m.nlink(), 0, "the swap file has no name anyone could open");
     let mem = r.as_mut_slice();
     assert!((0..n).all(|pg| page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg)));
+}
+
+/// A pager whose evicted pages all go to the file (no pool), and a region of `n` counter
+/// pages, all evicted.
+fn all_on_disk(n: usize) -> (Pager, tierswap::Region) {
+    let p = Pager::new(PagerConfig {
+        budget_bytes: 8 << 20,
+        tiers: "zero,file".parse::<Tiers>().unwrap(),
+        fault_threads: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    let mem = r.as_mut_slice();
+    for pg in 0..n {
+        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg);
+    }
+    p.evict_all();
+    assert_eq!(r.page_states(), (0, 0, n), "every page on disk");
+    (p, r)
+}
+
+#[test]
+fn readahead_follows_a_sequential_refault_and_stops_on_a_random_one() {
+    let n = 8192; // 32 MiB through an 8 MiB budget
+    let (p, r) = all_on_disk(n);
+    let mem = r.as_slice();
+    // Sequential over the first half.
+    for pg in 0..n / 2 {
+        assert!(page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg), "page {pg}");
+    }
+    let seq = p.stats().counters;
+    assert!(seq.swap_ra > 0, "a sequential refault reads ahead: {seq:?}");
+    let ratio = seq.swap_ra_hit as f64 / seq.swap_ra as f64;
+    assert!(ratio >= 0.8, "read-ahead pages get used: {} of {}", seq.swap_ra_hit, seq.swap_ra);
+    assert!(r.readahead_window() > 1);
+    // Sparse random reads over the second half: 128 distinct pages, one in 32 on average,
+    // so pages read ahead around them go unused.
+    let half = n / 2;
+    for k in 0..128 {
+        let pg = half + (k * 1031) % half;
+        assert!(page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg), "page {pg}");
+    }
+    let rnd = p.stats().counters;
+    assert_eq!(r.readahead_window(), 1, "random faults shrink the window to one page");
+    let disk_faults = (rnd.pswpin - seq.pswpin) - (rnd.swap_ra - seq.swap_ra);
+    let off = rnd.swap_ra_off - seq.swap_ra_off;
+    assert!(off * 10 >= disk_faults * 9, "most random disk faults read nothing ahead: {off} of {disk_faults}");
+    let ra = rnd.swap_ra - seq.swap_ra;
+    assert!(
+        ra < 128,
+        "the window halved to one within a few faults: {ra} pages read ahead ({} used)",
+        rnd.swap_ra_hit - seq.swap_ra_hit
+    );
 }

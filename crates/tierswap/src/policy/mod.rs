@@ -1,1 +1,3 @@
-//! Policies: pure decisions over the engine's state, no system calls.
+//! Pure decisions over the engine state (aging, admission, readahead), no syscalls.
+
+pub mod readahead;
