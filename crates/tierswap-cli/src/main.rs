@@ -86,6 +86,9 @@ struct Bench {
     /// tierswap's fault threads; 0 = one per CPU.
     #[arg(long, default_value_t = 0)]
     fault_threads: usize,
+    /// Cap of tierswap's readahead window for disk-backed pages, in pages; 1 = no readahead.
+    #[arg(long, default_value_t = tierswap::policy::readahead::DEFAULT_MAX_PAGES)]
+    readahead_max: u32,
     /// zswap's max_pool_percent while kernel-zswap runs.
     #[arg(long)]
     zswap_max_pool_percent: Option<u32>,
@@ -214,6 +217,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         pool_max_bytes,
         swap_dir: b.swap_dir.clone(),
         fault_threads: b.fault_threads,
+        readahead_max_pages: b.readahead_max.max(1),
     };
     pager.validate()?;
     if let Some(dir) = &b.swap_dir {

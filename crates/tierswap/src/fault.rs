@@ -287,7 +287,7 @@ fn settle_install(s: &Shared, addr: usize, res: uffd::Result<usize>) -> bool {
 }
 
 /// Moves the staged page at `idx` back, with its staged neighbours in the same 64 KiB block
-/// (fault-around: they would otherwise cost a fault each).
+/// (fault-around: they would otherwise cost a fault each), read-ahead pages excepted.
 fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) {
     let block_start = idx - idx % BLOCK_PAGES;
     let block_end = (block_start + BLOCK_PAGES).min(r.n_pages);
@@ -302,8 +302,17 @@ fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) {
     let mut locked = [false; BLOCK_PAGES];
     locked[idx - block_start] = true;
     for i in block_start..block_end {
-        if i != idx && r.ptes.try_lock_in(i, PteState::Staged).is_some() {
-            locked[i - block_start] = true;
+        if i == idx {
+            continue;
+        }
+        if let Some(old) = r.ptes.try_lock_in(i, PteState::Staged) {
+            if old.is_readahead() {
+                // A read-ahead page comes in on its own touch, so that swap_ra_hit counts
+                // pages really used and the window follows the program, not fault-around.
+                r.ptes.unlock(i, old, old);
+            } else {
+                locked[i - block_start] = true;
+            }
         }
     }
     let mut i = block_start;

@@ -26,7 +26,8 @@ pub mod stats;
 pub mod swap;
 pub mod sys;
 pub mod uffd;
+pub mod writeback;
 
 pub use config::{parse_size, Compressor, Hint, PagerConfig, Tiers};
-pub use pager::{Error, Pager, Region, Result};
+pub use pager::{DrainReport, Error, Pager, Region, Result, Tier};
 pub use stats::Stats;

@@ -53,6 +53,9 @@ pub enum Error {
         /// The length asked for.
         len_bytes: usize,
     },
+    /// An operation on a tier this pager was not configured with.
+    #[error("this pager has no {0} tier (add it to the tiers)")]
+    NoSuchTier(&'static str),
 }
 
 /// The pager's `Result`.
@@ -140,6 +143,17 @@ pub(crate) struct Shared {
     pub(crate) warned_over_budget: AtomicBool,
     /// Number of fault threads.
     pub(crate) fault_threads: usize,
+    /// The writeback thread's wake-up.
+    pub(crate) wb_kick: (Mutex<bool>, Condvar),
+    /// Reclaim asks for a writeback step below the pool limit (over budget, nothing else
+    /// to evict).
+    pub(crate) wb_wanted: AtomicBool,
+    /// The last writeback step wrote nothing though the pool holds objects.
+    pub(crate) wb_failing: AtomicBool,
+    /// The file tier takes no new records (drained).
+    pub(crate) file_off: AtomicBool,
+    /// Held while a unit is written to the file; drain takes it to wait for writers.
+    pub(crate) file_gate: Mutex<()>,
 }
 
 impl Shared {
@@ -169,6 +183,16 @@ impl Shared {
     /// …and stops below this.
     pub(crate) fn low_watermark(&self) -> u64 {
         self.budget() - self.budget() / 12
+    }
+
+    /// Wakes the writeback thread; `wanted` asks for a step even under the pool limit.
+    pub(crate) fn kick_writeback(&self, wanted: bool) {
+        if wanted {
+            self.wb_wanted.store(true, Ordering::Release);
+        }
+        let (m, cv) = &self.wb_kick;
+        *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cv.notify_one();
     }
 
     pub(crate) fn kick_reclaim(&self) {
@@ -263,6 +287,7 @@ impl Drop for Threads {
             libc::write(self.shared.stop_fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8);
         }
         self.shared.kick_reclaim();
+        self.shared.kick_writeback(false);
         {
             let (_, cv) = &self.shared.room;
             cv.notify_all();
@@ -271,6 +296,27 @@ impl Drop for Threads {
             let _ = h.join();
         }
     }
+}
+
+/// A storage tier that can be drained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Tier {
+    /// The swap file.
+    File,
+}
+
+/// What a [`Pager::drain`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DrainReport {
+    /// Pages moved off the tier.
+    pub moved: u64,
+    /// Pages whose record could not be read (left in place; their next touch gets SIGBUS).
+    pub unreadable: u64,
+    /// Pages left on the tier (unreadable, or nowhere to put them).
+    pub left: u64,
+    /// The file's size afterwards, bytes.
+    pub file_len_bytes: u64,
 }
 
 /// A tierswap pager. See the crate documentation.
@@ -334,6 +380,11 @@ impl Pager {
             stop_fd,
             warned_over_budget: AtomicBool::new(false),
             fault_threads: n_fault,
+            wb_kick: (Mutex::new(false), Condvar::new()),
+            wb_wanted: AtomicBool::new(false),
+            wb_failing: AtomicBool::new(false),
+            file_off: AtomicBool::new(false),
+            file_gate: Mutex::new(()),
         });
         shared.refresh_metadata();
         let mut handles = Vec::new();
@@ -352,6 +403,15 @@ impl Pager {
                 .spawn(move || guarded("the reclaim thread", || crate::reclaim::reclaim_thread(s)))
                 .map_err(io_err("cannot start the reclaim thread"))?,
         );
+        if shared.file.is_some() {
+            let s = shared.clone();
+            handles.push(
+                std::thread::Builder::new()
+                    .name("tierswap-writeback".into())
+                    .spawn(move || guarded("the writeback thread", || crate::writeback::writeback_thread(s)))
+                    .map_err(io_err("cannot start the writeback thread"))?,
+            );
+        }
         let threads = Arc::new(Threads { shared: shared.clone(), handles });
         Ok(Pager { shared, threads })
     }
@@ -438,11 +498,48 @@ impl Pager {
         f
     }
 
+    /// Moves every page off `tier` without touching a pte (the virtual swap space's point:
+    /// only the swap entries change), while the program keeps running; the tier then takes
+    /// nothing new until [`Pager::resume`]. For the file tier ("swapoff"): each record goes
+    /// into the pool still compressed, and the emptied file is truncated to zero. The pool
+    /// grows by what the file held: within the budget where reclaim can make room, over it
+    /// rather than losing a page.
+    pub fn drain(&self, tier: Tier) -> Result<DrainReport> {
+        match tier {
+            Tier::File => {
+                if self.shared.file.is_none() {
+                    return Err(Error::NoSuchTier("file"));
+                }
+                Ok(crate::writeback::drain_file(&self.shared))
+            }
+        }
+    }
+
+    /// Lets a drained tier take pages again.
+    pub fn resume(&self, tier: Tier) {
+        match tier {
+            Tier::File => self.shared.file_off.store(false, Ordering::Release),
+        }
+    }
+
     /// Evicts every page of every region now, on the calling thread, regardless of the
     /// budget (the lab's forced swap-out, tests). Pages touched meanwhile come back as usual.
     /// Returns pages evicted.
     pub fn evict_all(&self) -> usize {
-        crate::reclaim::evict_everything(&self.shared)
+        // A page the kernel is busy with (EAGAIN/EBUSY on the move) stays for this pass;
+        // a few more passes catch it.
+        let mut total = 0;
+        for _ in 0..8 {
+            let n = crate::reclaim::evict_everything(&self.shared);
+            total += n;
+            let left =
+                self.shared.present_pages.load(Ordering::Relaxed) + self.shared.staged_pages.load(Ordering::Relaxed);
+            if left <= 0 || n == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        total
     }
 
     /// Waits until reclaim has brought the footprint under the budget and stopped, or

@@ -6,8 +6,8 @@
 //! 2. Evict: the oldest staged blocks whose pages were not touched are classified (zero,
 //!    same-filled, compressible, incompressible), stored in a backend behind a freshly
 //!    allocated slot (consecutive slots for a block), and dropped from the mirror.
-//! 3. Writeback: when the pool is over its limit, its coldest objects (oldest clusters
-//!    first) are written, still compressed, to the file, many per write.
+//! 3. Writeback (the writeback thread, see [`crate::writeback`]) is kicked when the pool
+//!    is over its limit, or when the budget is exceeded and nothing else can be evicted.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -15,20 +15,17 @@ use std::time::{Duration, Instant};
 
 use crate::backend::compress::{compress, COMPRESS_BUF_BYTES, INCOMPRESSIBLE_LIMIT};
 use crate::backend::file::{UnitWriter, DEFAULT_UNIT_BYTES};
-use crate::backend::pool::PoolHandle;
 use crate::backend::zero::same_filled_pattern;
 use crate::fault::fatal;
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
 use crate::pager::{RegionInner, Shared};
 use crate::pagetable::{Pte, PteState};
-use crate::swap::{SwapEntry, SwapSpace, Tag};
+use crate::swap::SwapEntry;
 use crate::sys;
 use crate::uffd;
 
 /// Blocks deactivated or evicted per step (1 MiB).
 const BATCH_BLOCKS: usize = 16;
-/// Clusters written back per step (up to 1024 objects, ~16 units of 64 KiB).
-const WRITEBACK_CLUSTERS: usize = 2;
 /// Reclaim's allocation lane in the swap space.
 const LANE: usize = 0;
 
@@ -67,7 +64,10 @@ pub(crate) fn reclaim_thread(s: Arc<Shared>) {
         }
         let fp = r.s.footprint_bytes();
         r.s.counters.note_footprint(fp);
-        if fp > r.s.high_watermark() || r.pool_over_limit() {
+        if r.pool_over_limit() {
+            r.s.kick_writeback(false);
+        }
+        if fp > r.s.high_watermark() {
             r.s.reclaim_idle.store(false, Ordering::Release);
             r.run();
         }
@@ -103,8 +103,7 @@ impl Reclaim {
         self.s.file.is_some() && self.s.pool.total_bytes() > self.s.config.pool_max_bytes()
     }
 
-    /// Reclaims until the footprint is under the low watermark (and the pool under its
-    /// limit), or nothing more can be done.
+    /// Reclaims until the footprint is under the low watermark, or nothing more can be done.
     fn run(&mut self) {
         let budget_pages = (self.s.budget() / PAGE_SIZE as u64) as i64;
         let inactive_target = (budget_pages / 8).max(256);
@@ -114,40 +113,45 @@ impl Reclaim {
             }
             let fp = self.s.footprint_bytes();
             self.s.counters.note_footprint(fp);
-            let over = fp > self.s.low_watermark();
-            if !over && !self.pool_over_limit() {
+            if fp <= self.s.low_watermark() {
+                self.s.reclaim_stuck.store(false, Ordering::Relaxed);
                 return;
+            }
+            if self.pool_over_limit() {
+                self.s.kick_writeback(false);
             }
             let mut progress = 0usize;
-            if self.pool_over_limit() {
-                progress += self.writeback(WRITEBACK_CLUSTERS);
+            if self.s.staged_pages.load(Ordering::Relaxed) < inactive_target {
+                progress += self.deactivate(BATCH_BLOCKS);
             }
-            if over {
-                if self.s.staged_pages.load(Ordering::Relaxed) < inactive_target {
-                    progress += self.deactivate(BATCH_BLOCKS);
-                }
-                progress += self.evict(BATCH_BLOCKS);
-                if progress == 0 && self.s.file.is_some() {
-                    progress += self.writeback(WRITEBACK_CLUSTERS);
-                }
-            }
-            self.s.reclaim_stuck.store(progress == 0 && over, Ordering::Relaxed);
+            progress += self.evict(BATCH_BLOCKS);
             self.notify_room();
-            if progress == 0 {
-                if over {
-                    self.s.counters.over_budget_events.fetch_add(1, Ordering::Relaxed);
-                    if !self.s.warned_over_budget.swap(true, Ordering::Relaxed) {
-                        eprintln!(
-                            "tierswap: footprint {} MiB is over the budget of {} MiB and nothing more can be evicted{}; going over budget rather than losing data",
-                            fp >> 20,
-                            self.s.budget() >> 20,
-                            if self.s.file.is_none() { " (no file tier: add 'file' to the tiers)" } else { "" }
-                        );
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(1));
-                return;
+            if progress > 0 {
+                self.s.reclaim_stuck.store(false, Ordering::Relaxed);
+                continue;
             }
+            // Nothing left to evict: only writing the pool back can shrink the footprint.
+            let writeback_can = self.s.file.is_some()
+                && !self.s.file_off.load(Ordering::Acquire)
+                && !self.s.wb_failing.load(Ordering::Acquire)
+                && self.s.pool.stored_objects() > 0;
+            if writeback_can {
+                self.s.kick_writeback(true);
+                self.s.reclaim_stuck.store(false, Ordering::Relaxed);
+            } else {
+                self.s.reclaim_stuck.store(true, Ordering::Relaxed);
+                self.s.counters.over_budget_events.fetch_add(1, Ordering::Relaxed);
+                if !self.s.warned_over_budget.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "tierswap: footprint {} MiB is over the budget of {} MiB and nothing more can be evicted{}; going over budget rather than losing data",
+                        fp >> 20,
+                        self.s.budget() >> 20,
+                        if self.s.file.is_none() { " (no file tier: add 'file' to the tiers)" } else { "" }
+                    );
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            return;
         }
     }
 
@@ -457,6 +461,9 @@ impl Reclaim {
     /// Puts a page in the file unit being filled (compressed if `clen`), or keeps it raw in
     /// the pool when there is no file tier.
     fn to_file_or_raw(&mut self, page: &[u8], slot: u64, clen: Option<usize>) -> Stored {
+        if self.s.file_off.load(Ordering::Acquire) {
+            return self.store_raw(page);
+        }
         if let Some(w) = self.writer.as_mut() {
             let payload: &[u8] = match clen {
                 Some(len) => &self.compressed[..len],
@@ -498,7 +505,13 @@ impl Reclaim {
         if pending.is_empty() {
             return;
         }
-        let res = file.write_unit(w);
+        let gate = self.s.file_gate.lock().unwrap_or_else(|e| e.into_inner());
+        let res = if self.s.file_off.load(Ordering::Acquire) {
+            Err(crate::backend::file::FileError::Off)
+        } else {
+            file.write_unit(w)
+        };
+        drop(gate);
         w.clear();
         match res {
             Ok(base) => {
@@ -510,8 +523,11 @@ impl Reclaim {
                 }
             }
             Err(e) => {
-                self.s.counters.writeback_errors.fetch_add(1, Ordering::Relaxed);
-                if !self.warned_write_error {
+                let drained = matches!(e, crate::backend::file::FileError::Off);
+                if !drained {
+                    self.s.counters.writeback_errors.fetch_add(1, Ordering::Relaxed);
+                }
+                if !drained && !self.warned_write_error {
                     self.warned_write_error = true;
                     eprintln!("tierswap: {e}; keeping pages in memory instead (the footprint may exceed the budget)");
                 }
@@ -524,120 +540,6 @@ impl Reclaim {
             }
         }
         pending.clear();
-    }
-
-    /// Writes back the pool objects of the `n_clusters` coldest clusters to the file, many
-    /// per write. Returns objects written.
-    fn writeback(&mut self, n_clusters: usize) -> usize {
-        let s = self.s.clone();
-        if s.file.is_none() {
-            return 0;
-        }
-        let Some(mut w) = self.writer.take() else {
-            return 0;
-        };
-        let mut held: Vec<(u64, SwapEntry, usize)> = Vec::new();
-        let mut written = 0;
-        let clusters = s.swap.take_coldest(n_clusters);
-        'clusters: for &cid in &clusters {
-            let mut left_behind = false;
-            for slot in SwapSpace::cluster_slots(cid) {
-                let e = s.swap.load(slot);
-                if e.tag() != Tag::Pool || e.locked() {
-                    left_behind |= e.tag() == Tag::Pool;
-                    continue;
-                }
-                let Some(e) = s.swap.try_lock(slot) else {
-                    left_behind = true;
-                    continue;
-                };
-                if e.tag() != Tag::Pool {
-                    s.swap.unlock(slot, e, e);
-                    continue;
-                }
-                if e.referenced() {
-                    // Second chance.
-                    s.swap.unlock(slot, e, e.with_referenced(false));
-                    left_behind = true;
-                    continue;
-                }
-                let (h, len) = e.addr_len();
-                let Some(handle) = PoolHandle::from_raw(h) else {
-                    s.swap.unlock(slot, e, e);
-                    continue;
-                };
-                // SAFETY: the entry is locked, so the object stays allocated while we copy.
-                let obj = unsafe { s.pool.object(handle, len) };
-                let off = match w.push(slot, obj) {
-                    Some(off) => off,
-                    None => {
-                        match self.commit_writeback(&mut w, &mut held) {
-                            Some(n) => written += n,
-                            None => {
-                                s.swap.unlock(slot, e, e);
-                                s.swap.requeue_cold(cid);
-                                break 'clusters;
-                            }
-                        }
-                        match w.push(slot, obj) {
-                            Some(off) => off,
-                            None => {
-                                s.swap.unlock(slot, e, e);
-                                continue;
-                            }
-                        }
-                    }
-                };
-                held.push((slot, e, off));
-            }
-            if left_behind {
-                s.swap.requeue_cold(cid);
-            }
-        }
-        if !held.is_empty() {
-            if let Some(n) = self.commit_writeback(&mut w, &mut held) {
-                written += n;
-            }
-        }
-        self.writer = Some(w);
-        written
-    }
-
-    /// Writes the unit and moves the held entries (locked, in the pool) to the file; on
-    /// error unlocks them unchanged. Returns entries moved, or None on error.
-    fn commit_writeback(&mut self, w: &mut UnitWriter, held: &mut Vec<(u64, SwapEntry, usize)>) -> Option<usize> {
-        let file = self.s.file.as_ref()?;
-        let res = file.write_unit(w);
-        w.clear();
-        match res {
-            Ok(base) => {
-                let n = held.len();
-                self.s.counters.file_writes.fetch_add(1, Ordering::Relaxed);
-                for (slot, e, off) in held.drain(..) {
-                    let (h, len) = e.addr_len();
-                    let new = e.with_place(Tag::File, SwapEntry::file(base + off as u64, len).location());
-                    self.s.swap.unlock(slot, e, new);
-                    if let Some(handle) = PoolHandle::from_raw(h) {
-                        self.s.pool.free(handle, len);
-                    }
-                    self.s.counters.zswpwb.fetch_add(1, Ordering::Relaxed);
-                    self.s.counters.pswpout.fetch_add(1, Ordering::Relaxed);
-                    self.s.counters.file_write_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                }
-                Some(n)
-            }
-            Err(err) => {
-                self.s.counters.writeback_errors.fetch_add(1, Ordering::Relaxed);
-                if !self.warned_write_error {
-                    self.warned_write_error = true;
-                    eprintln!("tierswap: pool writeback failed: {err}; keeping pages in the pool (the footprint may exceed the budget)");
-                }
-                for (slot, e, _) in held.drain(..) {
-                    self.s.swap.unlock(slot, e, e);
-                }
-                None
-            }
-        }
     }
 }
 

@@ -59,6 +59,9 @@ pub enum FileError {
         /// Which check failed.
         what: &'static str,
     },
+    /// The file tier is drained and takes no new records.
+    #[error("the file tier is drained")]
+    Off,
 }
 
 /// Bytes a record of `len` payload bytes takes in a unit.

@@ -357,6 +357,11 @@ impl SwapSpace {
         self.by_tag.iter().map(|c| c.load(Ordering::Relaxed)).sum()
     }
 
+    /// Clusters ever handed out: every cluster id in use is below this.
+    pub fn clusters_ever_used(&self) -> u32 {
+        self.alloc.lock().unwrap_or_else(|e| e.into_inner()).next_new
+    }
+
     /// Clusters in use.
     pub fn clusters_in_use(&self) -> u64 {
         self.clusters_in_use.load(Ordering::Relaxed)

@@ -1,0 +1,282 @@
+//! Pool writeback: a thread of its own moves the coldest pool objects to the file, still
+//! compressed and packed many to a 64 KiB unit, so the pool stays under its limit without
+//! holding up eviction or faults.
+//!
+//! It starts when the pool passes `pool_max` and stops once it is under the accept
+//! threshold (90 % of the limit, zswap's `accept_threshold_percent`), so it works in
+//! batches rather than one object at a time at the limit. Reclaim also asks for a step
+//! when the budget is exceeded and nothing else can be evicted. Clusters are taken oldest
+//! first (the age list of the swap space); an entry with its referenced bit gets a second
+//! chance. A page written back is not a refault when it comes back: it was never in use.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::file::{FileError, UnitCache, UnitWriter, DEFAULT_UNIT_BYTES};
+use crate::backend::pool::PoolHandle;
+use crate::fault::fatal;
+use crate::page::PAGE_SIZE;
+use crate::pager::{DrainReport, Shared};
+use crate::swap::{SwapEntry, SwapSpace, Tag};
+
+/// Clusters written back per step (up to 1024 objects, ~16 units of 64 KiB).
+const WRITEBACK_CLUSTERS: usize = 2;
+/// Writeback, once started, goes on until the pool is under this share of its limit.
+pub const ACCEPT_THRESHOLD_PERCENT: u64 = 90;
+
+pub(crate) struct Writeback {
+    s: Arc<Shared>,
+    writer: Option<UnitWriter>,
+    warned_write_error: bool,
+}
+
+/// The writeback thread's loop.
+pub(crate) fn writeback_thread(s: Arc<Shared>) {
+    let mut w = match Writeback::new(s) {
+        Ok(w) => w,
+        Err(e) => fatal(&format!("writeback cannot map its write buffer: {e}")),
+    };
+    let mut active = false;
+    loop {
+        {
+            let (m, cv) = &w.s.wb_kick;
+            let mut k = m.lock().unwrap_or_else(|e| e.into_inner());
+            if !*k {
+                k = cv.wait_timeout(k, Duration::from_millis(10)).unwrap_or_else(|e| e.into_inner()).0;
+            }
+            *k = false;
+        }
+        if w.s.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        let max = w.s.config.pool_max_bytes();
+        loop {
+            if w.s.shutdown.load(Ordering::Acquire) || w.s.file_off.load(Ordering::Acquire) {
+                break;
+            }
+            let pool = w.s.pool.total_bytes();
+            active = if active { pool > max / 100 * ACCEPT_THRESHOLD_PERCENT } else { pool > max };
+            let wanted = w.s.wb_wanted.swap(false, Ordering::AcqRel);
+            if !active && !wanted {
+                break;
+            }
+            let n = w.writeback(WRITEBACK_CLUSTERS);
+            w.s.wb_failing.store(n == 0 && w.s.pool.stored_objects() > 0, Ordering::Release);
+            w.s.kick_reclaim();
+            if n == 0 {
+                // Nothing could be written (all busy, or the disk refuses): try again later.
+                active = false;
+                break;
+            }
+        }
+    }
+}
+
+impl Writeback {
+    pub(crate) fn new(s: Arc<Shared>) -> std::io::Result<Writeback> {
+        let writer = match s.file {
+            Some(_) => Some(UnitWriter::new(DEFAULT_UNIT_BYTES)?),
+            None => None,
+        };
+        Ok(Writeback { s, writer, warned_write_error: false })
+    }
+
+    /// Writes back the pool objects of the `n_clusters` coldest clusters to the file, many
+    /// per write. Returns objects written.
+    pub(crate) fn writeback(&mut self, n_clusters: usize) -> usize {
+        let s = self.s.clone();
+        if s.file.is_none() {
+            return 0;
+        }
+        // Drain holds this while it empties the file: no new units meanwhile.
+        let _gate = s.file_gate.lock().unwrap_or_else(|e| e.into_inner());
+        if s.file_off.load(Ordering::Acquire) {
+            return 0;
+        }
+        let Some(mut w) = self.writer.take() else {
+            return 0;
+        };
+        let mut held: Vec<(u64, SwapEntry, usize)> = Vec::new();
+        let mut written = 0;
+        let clusters = s.swap.take_coldest(n_clusters);
+        'clusters: for &cid in &clusters {
+            let mut left_behind = false;
+            for slot in SwapSpace::cluster_slots(cid) {
+                let e = s.swap.load(slot);
+                if e.tag() != Tag::Pool || e.locked() {
+                    left_behind |= e.tag() == Tag::Pool;
+                    continue;
+                }
+                let Some(e) = s.swap.try_lock(slot) else {
+                    left_behind = true;
+                    continue;
+                };
+                if e.tag() != Tag::Pool {
+                    s.swap.unlock(slot, e, e);
+                    continue;
+                }
+                if e.referenced() {
+                    // Second chance.
+                    s.swap.unlock(slot, e, e.with_referenced(false));
+                    left_behind = true;
+                    continue;
+                }
+                let (h, len) = e.addr_len();
+                let Some(handle) = PoolHandle::from_raw(h) else {
+                    s.swap.unlock(slot, e, e);
+                    continue;
+                };
+                // SAFETY: the entry is locked, so the object stays allocated while we copy.
+                let obj = unsafe { s.pool.object(handle, len) };
+                let off = match w.push(slot, obj) {
+                    Some(off) => off,
+                    None => {
+                        match self.commit_writeback(&mut w, &mut held) {
+                            Some(n) => written += n,
+                            None => {
+                                s.swap.unlock(slot, e, e);
+                                s.swap.requeue_cold(cid);
+                                break 'clusters;
+                            }
+                        }
+                        match w.push(slot, obj) {
+                            Some(off) => off,
+                            None => {
+                                s.swap.unlock(slot, e, e);
+                                continue;
+                            }
+                        }
+                    }
+                };
+                held.push((slot, e, off));
+            }
+            if left_behind {
+                s.swap.requeue_cold(cid);
+            }
+        }
+        if !held.is_empty() {
+            if let Some(n) = self.commit_writeback(&mut w, &mut held) {
+                written += n;
+            }
+        }
+        self.writer = Some(w);
+        written
+    }
+
+    /// Writes the unit and moves the held entries (locked, in the pool) to the file; on
+    /// error unlocks them unchanged. Returns entries moved, or None on error.
+    fn commit_writeback(&mut self, w: &mut UnitWriter, held: &mut Vec<(u64, SwapEntry, usize)>) -> Option<usize> {
+        let file = self.s.file.as_ref()?;
+        let res = file.write_unit(w);
+        w.clear();
+        match res {
+            Ok(base) => {
+                let n = held.len();
+                self.s.counters.file_writes.fetch_add(1, Ordering::Relaxed);
+                for (slot, e, off) in held.drain(..) {
+                    let (h, len) = e.addr_len();
+                    let new = e.with_place(Tag::File, SwapEntry::file(base + off as u64, len).location());
+                    self.s.swap.unlock(slot, e, new);
+                    if let Some(handle) = PoolHandle::from_raw(h) {
+                        self.s.pool.free(handle, len);
+                    }
+                    self.s.counters.zswpwb.fetch_add(1, Ordering::Relaxed);
+                    self.s.counters.pswpout.fetch_add(1, Ordering::Relaxed);
+                    self.s.counters.file_write_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                }
+                Some(n)
+            }
+            Err(err) => {
+                self.s.counters.writeback_errors.fetch_add(1, Ordering::Relaxed);
+                if !self.warned_write_error {
+                    self.warned_write_error = true;
+                    eprintln!("tierswap: pool writeback failed: {err}; keeping pages in the pool (the footprint may exceed the budget)");
+                }
+                for (slot, e, _) in held.drain(..) {
+                    self.s.swap.unlock(slot, e, e);
+                }
+                None
+            }
+        }
+    }
+}
+
+/// Empties the file tier into the pool ("swapoff" without walking a page table): stops new
+/// writes to the file, waits for the unit in flight, then walks the swap table cluster by
+/// cluster and re-points every file entry at a pool copy of its record (still compressed),
+/// freeing the record. Faults and evictions go on meanwhile; each entry changes under its
+/// lock. The file shrinks to nothing as its units empty.
+pub(crate) fn drain_file(s: &Arc<Shared>) -> DrainReport {
+    let mut report = DrainReport::default();
+    let Some(file) = s.file.as_ref() else {
+        return report;
+    };
+    s.file_off.store(true, Ordering::Release);
+    drop(s.file_gate.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut cache = match UnitCache::new(file.unit_bytes()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tierswap: drain cannot map a read buffer: {e}");
+            report.left = s.swap.count(Tag::File);
+            report.file_len_bytes = file.file_len_bytes();
+            return report;
+        }
+    };
+    let mut payload = vec![0u8; PAGE_SIZE];
+    let mut unreadable = std::collections::HashSet::new();
+    for cid in 0..s.swap.clusters_ever_used() {
+        if s.shutdown.load(Ordering::Acquire) {
+            break;
+        }
+        for slot in SwapSpace::cluster_slots(cid) {
+            if s.swap.load(slot).tag() != Tag::File {
+                continue;
+            }
+            let e = s.swap.lock(slot);
+            if e.tag() != Tag::File {
+                s.swap.unlock(slot, e, e);
+                continue;
+            }
+            let (off, len) = e.addr_len();
+            match file.read_cached(off, len, slot, &mut cache, &mut payload) {
+                Ok(_) => {}
+                Err(err) => {
+                    if matches!(err, FileError::Corrupt { .. }) {
+                        s.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        s.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    eprintln!("tierswap: drain leaves slot {slot} on the file: {err}");
+                    unreadable.insert(slot);
+                    s.swap.unlock(slot, e, e);
+                    continue;
+                }
+            }
+            let handle = match s.pool.store(&payload[..len]) {
+                Ok(h) => h,
+                Err(err) => {
+                    eprintln!("tierswap: drain stops: the pool cannot take more ({err:?})");
+                    s.swap.unlock(slot, e, e);
+                    report.left = s.swap.count(Tag::File);
+                    report.unreadable = unreadable.len() as u64;
+                    report.file_len_bytes = file.file_len_bytes();
+                    return report;
+                }
+            };
+            let new = e.with_place(Tag::Pool, SwapEntry::pool(handle.raw(), len).location());
+            s.swap.unlock(slot, e, new);
+            file.free(off, len);
+            report.moved += 1;
+        }
+        // Let reclaim keep up with the pool growing.
+        if s.footprint_bytes() > s.high_watermark() {
+            s.kick_reclaim();
+        }
+    }
+    s.kick_reclaim();
+    report.unreadable = unreadable.len() as u64;
+    report.left = s.swap.count(Tag::File);
+    report.file_len_bytes = file.file_len_bytes();
+    report
+}
