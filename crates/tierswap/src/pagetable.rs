@@ -41,7 +41,8 @@ pub enum PteState {
 ///  state   0 None, 1 Present, 2 Staged, 3 Swapped
 ///  A       active: the page was refaulted from the inactive list (workingset)
 ///  payload Swapped: the swap slot id; Staged: 1 if brought in by readahead and not yet
-///          used, else 0; otherwise 0
+///          used, 2 if the page was active before this round (hot once), else 0;
+///          Present: 2 if the page was active before this round, else 0
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Pte(u64);
@@ -82,6 +83,14 @@ impl Pte {
     /// A staged pte of a page read ahead from disk, not yet used by the program.
     pub const fn staged_readahead() -> Pte {
         Pte::new(PteState::Staged, 1)
+    }
+
+    /// Payload of a present or staged page that was active in the previous round.
+    pub const WAS_ACTIVE: u64 = 2;
+
+    /// Whether the page was active in the previous aging round (present or staged).
+    pub const fn was_active(self) -> bool {
+        matches!(self.state(), PteState::Present | PteState::Staged) && self.payload() == Self::WAS_ACTIVE
     }
 
     /// Whether this is a staged page read ahead and not yet used.
@@ -343,6 +352,16 @@ impl Drop for PageTable {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn staged_markers_are_distinct() {
+        assert!(Pte::staged_readahead().is_readahead() && !Pte::staged_readahead().was_active());
+        let hot = Pte::new(PteState::Staged, Pte::WAS_ACTIVE);
+        assert!(hot.was_active() && !hot.is_readahead());
+        assert!(Pte::new(PteState::Present, Pte::WAS_ACTIVE).was_active());
+        assert!(!Pte::swapped(Pte::WAS_ACTIVE).was_active(), "a slot id is not a marker");
+        assert!(!Pte::staged().was_active() && !Pte::staged().is_readahead());
+    }
+
     use super::*;
     use proptest::prelude::*;
 

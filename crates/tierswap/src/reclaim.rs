@@ -20,7 +20,7 @@ use crate::fault::fatal;
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
 use crate::pager::{RegionInner, Shared};
 use crate::pagetable::{Pte, PteState};
-use crate::swap::SwapEntry;
+use crate::swap::{SwapEntry, Tag};
 use crate::sys;
 use crate::uffd;
 
@@ -207,7 +207,7 @@ impl Reclaim {
             let p = r.ptes.load(i);
             if !force && p.state() == PteState::Present && p.active() && !p.locked() {
                 if let Some(old) = r.ptes.try_lock_in(i, PteState::Present) {
-                    r.ptes.unlock(i, old, old.with_active(false));
+                    r.ptes.unlock(i, old, Pte::new(PteState::Present, Pte::WAS_ACTIVE));
                 }
                 continue;
             }
@@ -277,7 +277,8 @@ impl Reclaim {
             };
             for k in i..i + done {
                 let old = r.ptes.load(k);
-                r.ptes.unlock(k, old, Pte::staged());
+                let payload = if old.was_active() { Pte::WAS_ACTIVE } else { 0 };
+                r.ptes.unlock(k, old, Pte::new(PteState::Staged, payload));
             }
             staged += done;
             i += done;
@@ -338,10 +339,12 @@ impl Reclaim {
         let start = b * BLOCK_PAGES;
         let end = (start + BLOCK_PAGES).min(r.n_pages);
         let mut pages = [usize::MAX; BLOCK_PAGES];
+        let mut hot = [false; BLOCK_PAGES];
         let mut n = 0;
         for i in start..end {
-            if r.ptes.try_lock_in(i, PteState::Staged).is_some() {
+            if let Some(old) = r.ptes.try_lock_in(i, PteState::Staged) {
                 pages[n] = i;
+                hot[n] = old.was_active();
                 n += 1;
             }
         }
@@ -372,6 +375,8 @@ impl Reclaim {
                 stored = self.store_page(page, slots[k]);
             }
             match stored {
+                // A page that was hot once gets a second chance against pool writeback.
+                Stored::Entry(e) if hot[k] && e.tag() == Tag::Pool => self.place(slots[k], e.with_referenced(true)),
                 Stored::Entry(e) => self.place(slots[k], e),
                 Stored::ToFile(off_in_unit, len) => file_pending.push((k, off_in_unit as u64, len)),
                 Stored::UnitFull | Stored::Keep => placed[k] = false,
