@@ -4,11 +4,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tierswap::{Pager, PagerConfig};
+use tierswap::{Pager, PagerConfig, Tier};
 
 use crate::progress::Progress;
 use crate::vmstat::{read_vmstat, vmstat_delta};
-use crate::workload::{self, Mem};
+use crate::workload::{self, Mem, WorkloadKind};
 use crate::{Engine, EngineError, EngineKind, RunResult, RunSpec};
 
 /// Runs workloads on tierswap.
@@ -69,9 +69,28 @@ impl Engine for TierswapEngine {
         };
         let bar = Progress::new(self.progress, order_len, &format!("{} refault", spec.workload.name()));
         let t1 = Instant::now();
+        let drainer = (spec.workload == WorkloadKind::Drain).then(|| {
+            let pager = pager.clone();
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let report = pager.drain(Tier::File);
+                (report, t.elapsed())
+            })
+        });
         let v = workload::refault(spec.workload, mem, spec.threads, &|n| bar.set(n));
         let refault_s = t1.elapsed().as_secs_f64();
         bar.finish();
+        let mut extra = Vec::new();
+        if let Some(d) = drainer {
+            let (report, took) = d.join().map_err(|_| fail("the drain thread panicked".into()))?;
+            let report = report.map_err(|e| fail(format!("drain: {e}")))?;
+            if report.left != 0 || report.file_len_bytes != 0 {
+                return Err(fail(format!("drain left pages on the file: {report:?}")));
+            }
+            pager.resume(Tier::File);
+            extra.push(("drain_moved".to_string(), report.moved));
+            extra.push(("drain_ms".to_string(), took.as_millis() as u64));
+        }
         let after = pager.stats();
 
         let t2 = Instant::now();
@@ -110,7 +129,7 @@ impl Engine for TierswapEngine {
             kernel_pool_max_bytes: 0,
             fault_p50_us: phase.fault_latency_percentile_us(50.0),
             fault_p99_us: phase.fault_latency_percentile_us(99.0),
-            counters: after.counters.pairs().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            counters: after.counters.pairs().into_iter().map(|(k, v)| (k.to_string(), v)).chain(extra).collect(),
             kernel_vmstat: vmstat_delta(&vm0, &vm1),
             compressor: format!("{:?}", spec.pager.compressor).to_lowercase(),
         })

@@ -29,6 +29,8 @@ pub enum WorkloadKind {
     Usemem,
     /// seq refault with one thread per core on disjoint ranges.
     Concurrent,
+    /// In-order refault while the file tier is drained ("swapoff"); tierswap only.
+    Drain,
 }
 
 /// A span of memory a workload runs on: a raw pointer so that threads can share it
@@ -60,7 +62,7 @@ pub struct Verify {
 
 impl WorkloadKind {
     /// Every workload, in report order.
-    pub const ALL: [WorkloadKind; 11] = [
+    pub const ALL: [WorkloadKind; 12] = [
         WorkloadKind::Usama1g,
         WorkloadKind::Seq64,
         WorkloadKind::Seq64Hint,
@@ -72,6 +74,7 @@ impl WorkloadKind {
         WorkloadKind::Random,
         WorkloadKind::Usemem,
         WorkloadKind::Concurrent,
+        WorkloadKind::Drain,
     ];
 
     /// The seed suite of the reference threads (everything but `random`).
@@ -102,6 +105,7 @@ impl WorkloadKind {
             WorkloadKind::Random => "random",
             WorkloadKind::Usemem => "usemem",
             WorkloadKind::Concurrent => "concurrent",
+            WorkloadKind::Drain => "drain",
         }
     }
 
@@ -119,6 +123,9 @@ impl WorkloadKind {
             WorkloadKind::Random => "incompressible pages",
             WorkloadKind::Usemem => "threads write and read back their own ranges, then free",
             WorkloadKind::Concurrent => "in-order refault, one thread per CPU on its own range",
+            WorkloadKind::Drain => {
+                "in-order refault while tierswap drains its file tier into the pool (swapoff); tierswap only"
+            }
         }
     }
 

@@ -225,6 +225,11 @@ impl Engine for KernelEngine {
     }
 
     fn run(&mut self, spec: &RunSpec) -> Result<RunResult, EngineError> {
+        if spec.workload == WorkloadKind::Drain {
+            return Err(self.unavailable(
+                "drain exercises tierswap's Pager::drain; the kernel's analogue, swapoff, is not run here",
+            ));
+        }
         let cg = self.cgroups.clone().ok_or_else(|| self.failed(spec, "setup did not run"))?;
         self.activate(spec.size_bytes).map_err(|e| self.failed(spec, e))?;
         self.runs += 1;
