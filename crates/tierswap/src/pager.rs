@@ -113,6 +113,32 @@ pub(crate) enum Lookup {
     Unknown,
 }
 
+/// A background thread's wake-up: a flag set by whoever wants it to look now.
+#[derive(Default)]
+pub(crate) struct Kick {
+    flag: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Kick {
+    pub(crate) fn kick(&self) {
+        let mut k = self.flag.lock().unwrap_or_else(|e| e.into_inner());
+        if !*k {
+            *k = true;
+            self.cv.notify_one();
+        }
+    }
+
+    /// Waits for a kick or `timeout`, whichever comes first, and clears the flag.
+    pub(crate) fn wait(&self, timeout: Duration) {
+        let mut k = self.flag.lock().unwrap_or_else(|e| e.into_inner());
+        if !*k {
+            k = self.cv.wait_timeout(k, timeout).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        *k = false;
+    }
+}
+
 /// The state every pager thread shares.
 pub(crate) struct Shared {
     pub(crate) uffd: Uffd,
@@ -129,7 +155,7 @@ pub(crate) struct Shared {
     /// Staged 64 KiB blocks, oldest first: (region id, block index).
     pub(crate) inactive: Mutex<VecDeque<(u64, usize)>>,
     /// Reclaim's wake-up: set and notified by whoever wants reclaim to look now.
-    pub(crate) kick: (Mutex<bool>, Condvar),
+    pub(crate) kick: Kick,
     /// Fault threads waiting for the footprint to drop under the budget.
     pub(crate) room: (Mutex<u64>, Condvar),
     pub(crate) shutdown: AtomicBool,
@@ -144,7 +170,7 @@ pub(crate) struct Shared {
     /// Number of fault threads.
     pub(crate) fault_threads: usize,
     /// The writeback thread's wake-up.
-    pub(crate) wb_kick: (Mutex<bool>, Condvar),
+    pub(crate) wb_kick: Kick,
     /// Reclaim asks for a writeback step below the pool limit (over budget, nothing else
     /// to evict).
     pub(crate) wb_wanted: AtomicBool,
@@ -190,18 +216,11 @@ impl Shared {
         if wanted {
             self.wb_wanted.store(true, Ordering::Release);
         }
-        let (m, cv) = &self.wb_kick;
-        *m.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        cv.notify_one();
+        self.wb_kick.kick();
     }
 
     pub(crate) fn kick_reclaim(&self) {
-        let (m, cv) = &self.kick;
-        let mut k = m.lock().unwrap_or_else(|e| e.into_inner());
-        if !*k {
-            *k = true;
-            cv.notify_one();
-        }
+        self.kick.kick();
     }
 
     pub(crate) fn lookup(&self, addr: usize) -> Lookup {
@@ -371,7 +390,7 @@ impl Pager {
             staged_pages: AtomicI64::new(0),
             metadata_bytes: AtomicU64::new(0),
             inactive: Mutex::new(VecDeque::new()),
-            kick: (Mutex::new(false), Condvar::new()),
+            kick: Kick::default(),
             room: (Mutex::new(0), Condvar::new()),
             shutdown: AtomicBool::new(false),
             reclaim_idle: AtomicBool::new(true),
@@ -380,7 +399,7 @@ impl Pager {
             stop_fd,
             warned_over_budget: AtomicBool::new(false),
             fault_threads: n_fault,
-            wb_kick: (Mutex::new(false), Condvar::new()),
+            wb_kick: Kick::default(),
             wb_wanted: AtomicBool::new(false),
             wb_failing: AtomicBool::new(false),
             file_off: AtomicBool::new(false),

@@ -47,14 +47,7 @@ pub(crate) fn reclaim_thread(s: Arc<Shared>) {
         Err(e) => fatal(&format!("reclaim cannot map its write buffer: {e}")),
     };
     loop {
-        {
-            let (m, cv) = &r.s.kick;
-            let mut k = m.lock().unwrap_or_else(|e| e.into_inner());
-            if !*k {
-                k = cv.wait_timeout(k, Duration::from_millis(5)).unwrap_or_else(|e| e.into_inner()).0;
-            }
-            *k = false;
-        }
+        r.s.kick.wait(Duration::from_millis(5));
         if r.s.shutdown.load(Ordering::Acquire) {
             return;
         }

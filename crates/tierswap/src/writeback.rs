@@ -39,14 +39,7 @@ pub(crate) fn writeback_thread(s: Arc<Shared>) {
     };
     let mut active = false;
     loop {
-        {
-            let (m, cv) = &w.s.wb_kick;
-            let mut k = m.lock().unwrap_or_else(|e| e.into_inner());
-            if !*k {
-                k = cv.wait_timeout(k, Duration::from_millis(10)).unwrap_or_else(|e| e.into_inner()).0;
-            }
-            *k = false;
-        }
+        w.s.wb_kick.wait(Duration::from_millis(10));
         if w.s.shutdown.load(Ordering::Acquire) {
             return;
         }

@@ -66,21 +66,8 @@ fn corrupt_record(f: &mut std::fs::File, slot: u64) -> u64 {
 /// Runs in a child process (see the test below): evicts 64 pages to the file, corrupts
 /// page 3's record, reads every other page, then touches page 3.
 fn corrupted_child() {
-    let p = Pager::new(PagerConfig {
-        budget_bytes: 8 << 20,
-        tiers: "zero,file".parse::<Tiers>().unwrap(),
-        fault_threads: 1,
-        ..Default::default()
-    })
-    .unwrap();
     let n = 64;
-    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
-    let mem = r.as_mut_slice();
-    for pg in 0..n {
-        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg);
-    }
-    p.evict_all();
-    assert_eq!(r.page_states(), (0, 0, n), "every page evicted");
+    let (_pager, r) = all_on_disk(n);
     let mem = r.as_slice();
     let mut f = open_swap_file();
     let pos = corrupt_record(&mut f, 3);
