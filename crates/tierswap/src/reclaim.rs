@@ -204,7 +204,17 @@ impl Reclaim {
                 }
                 continue;
             }
-            if r.ptes.try_lock_in(i, PteState::Present).is_some() {
+            if force {
+                // Forced eviction waits out a fault in flight: the program may already run
+                // on a page whose pte its fault thread has yet to mark present.
+                let old = r.ptes.lock(i);
+                if old.state() == PteState::Present {
+                    locked[i - start] = true;
+                    any = true;
+                } else {
+                    r.ptes.unlock(i, old, old);
+                }
+            } else if r.ptes.try_lock_in(i, PteState::Present).is_some() {
                 locked[i - start] = true;
                 any = true;
             }
@@ -245,18 +255,17 @@ impl Reclaim {
             let res = unsafe { self.s.uffd.move_pages(r.mirror_addr(i), r.page_addr(i), len, true, false) };
             let (done, skip) = match res {
                 Ok(bytes) => (bytes / PAGE_SIZE, None),
-                Err(uffd::Error::NoPage { done_bytes, .. }) => (done_bytes / PAGE_SIZE, Some(PteState::None)),
                 Err(uffd::Error::Busy { done_bytes, .. }) => (done_bytes / PAGE_SIZE, Some(PteState::Present)),
                 Err(uffd::Error::Again { done_bytes, .. }) if again < 8 => {
                     again += 1;
                     (done_bytes / PAGE_SIZE, None)
                 }
-                Err(uffd::Error::Again { done_bytes, .. }) => {
-                    // No progress after retries: on Linux 6.18 that is what a hole looks
-                    // like (the program dropped the page); otherwise leave the page be.
+                Err(uffd::Error::NoPage { done_bytes, .. }) | Err(uffd::Error::Again { done_bytes, .. }) => {
+                    // ENOENT, or EAGAIN without progress after retries (Linux 6.18's answer
+                    // for a hole): the program may have dropped the page. The errno alone is
+                    // not trusted with data: where the page is decides.
                     let at = i + done_bytes / PAGE_SIZE;
-                    let hole = at < to && !sys::is_resident(r.page_addr(at));
-                    (done_bytes / PAGE_SIZE, Some(if hole { PteState::None } else { PteState::Present }))
+                    (done_bytes / PAGE_SIZE, (at < to).then(|| where_is(r, at)))
                 }
                 Err(uffd::Error::PageExist { done_bytes, .. }) => {
                     // Something is in the mirror at that offset already: keep the page
@@ -278,12 +287,19 @@ impl Reclaim {
             if let Some(state) = skip {
                 if i < to {
                     let old = r.ptes.load(i);
-                    let new = if state == PteState::None {
-                        // The program dropped the page (MADV_DONTNEED): it reads as zeros.
-                        self.s.present_pages.fetch_sub(1, Ordering::Relaxed);
-                        Pte::NONE
-                    } else {
-                        old
+                    let new = match state {
+                        PteState::None => {
+                            // The program dropped the page (MADV_DONTNEED): it reads as zeros.
+                            self.s.present_pages.fetch_sub(1, Ordering::Relaxed);
+                            Pte::NONE
+                        }
+                        PteState::Staged => {
+                            // Moved after all, whatever the errno said.
+                            staged += 1;
+                            let payload = if old.was_active() { Pte::WAS_ACTIVE } else { 0 };
+                            Pte::new(PteState::Staged, payload)
+                        }
+                        _ => old,
                     };
                     r.ptes.unlock(i, old, new);
                     i += 1;
@@ -538,6 +554,19 @@ impl Reclaim {
             }
         }
         pending.clear();
+    }
+}
+
+/// Where locked present page `idx` is after a move that reported no progress: still in
+/// the program's range (present), in the mirror (it moved), or nowhere (a hole the program
+/// made with MADV_DONTNEED, which reads as zeros).
+fn where_is(r: &RegionInner, idx: usize) -> PteState {
+    if sys::is_resident(r.page_addr(idx)) {
+        PteState::Present
+    } else if sys::is_resident(r.mirror_addr(idx)) {
+        PteState::Staged
+    } else {
+        PteState::None
     }
 }
 
