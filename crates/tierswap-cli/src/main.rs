@@ -86,6 +86,9 @@ struct Bench {
     /// tierswap's fault threads; 0 = one per CPU.
     #[arg(long, default_value_t = 0)]
     fault_threads: usize,
+    /// Bytes of one write to tierswap's swap file (a unit of packed records), 64K to 4M.
+    #[arg(long, default_value = "64K")]
+    file_unit: String,
     /// Cap of tierswap's readahead window for disk-backed pages, in pages; 1 = no readahead.
     #[arg(long, default_value_t = tierswap::policy::readahead::DEFAULT_MAX_PAGES)]
     readahead_max: u32,
@@ -218,6 +221,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         swap_dir: b.swap_dir.clone(),
         fault_threads: b.fault_threads,
         readahead_max_pages: b.readahead_max.max(1),
+        file_unit_bytes: size("--file-unit", &b.file_unit)? as usize,
     };
     pager.validate()?;
     if let Some(dir) = &b.swap_dir {

@@ -113,6 +113,9 @@ pub struct PagerConfig {
     pub fault_threads: usize,
     /// Cap of the readahead window for disk-backed slots, in pages; 1 turns readahead off.
     pub readahead_max_pages: u32,
+    /// Bytes of one file write (a unit of packed records): a power of two, 64 KiB to 4 MiB.
+    /// Larger units mean fewer, larger IOs (flash likes them) and larger read buffers.
+    pub file_unit_bytes: usize,
 }
 
 impl Default for PagerConfig {
@@ -125,6 +128,7 @@ impl Default for PagerConfig {
             swap_dir: None,
             fault_threads: 0,
             readahead_max_pages: crate::policy::readahead::DEFAULT_MAX_PAGES,
+            file_unit_bytes: crate::backend::file::DEFAULT_UNIT_BYTES,
         }
     }
 }
@@ -155,6 +159,10 @@ impl PagerConfig {
         if !self.tiers.pool && !self.tiers.file {
             return Err(ConfigError::NoStorageTier(format!("{:?}", self.tiers)));
         }
+        let u = self.file_unit_bytes;
+        if !u.is_power_of_two() || !(64 << 10..=4 << 20).contains(&u) {
+            return Err(ConfigError::FileUnit(u));
+        }
         Ok(())
     }
 }
@@ -177,6 +185,9 @@ pub enum ConfigError {
     /// Neither pool nor file: nowhere to put a page.
     #[error("tiers '{0}' have nowhere to store a page: include pool or file")]
     NoStorageTier(String),
+    /// A file unit size that is not a power of two between 64 KiB and 4 MiB.
+    #[error("file unit of {0} bytes: give a power of two from 64K to 4M")]
+    FileUnit(usize),
     /// An unknown compressor.
     #[error("unknown compressor '{0}': use lz4, zstd or zstd:LEVEL (1-19)")]
     Compressor(String),

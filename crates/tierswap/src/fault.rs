@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::compress::decompress;
-use crate::backend::file::{AlignedBuf, UnitCache, DEFAULT_UNIT_BYTES};
+use crate::backend::file::{AlignedBuf, UnitCache};
 use crate::backend::pool::PoolHandle;
 use crate::backend::zero::fill_pattern;
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
@@ -33,11 +33,11 @@ pub(crate) struct Scratch {
 }
 
 impl Scratch {
-    pub(crate) fn new() -> std::io::Result<Scratch> {
+    pub(crate) fn new(unit_bytes: usize) -> std::io::Result<Scratch> {
         Ok(Scratch {
             page: AlignedBuf::new(PAGE_SIZE)?,
             compressed: vec![0u8; PAGE_SIZE],
-            unit: UnitCache::new(DEFAULT_UNIT_BYTES)?,
+            unit: UnitCache::new(unit_bytes)?,
         })
     }
 }
@@ -62,7 +62,7 @@ impl std::fmt::Display for ReadFail {
 
 /// The fault thread's loop.
 pub(crate) fn fault_thread(s: Arc<Shared>) {
-    let mut scratch = match Scratch::new() {
+    let mut scratch = match Scratch::new(s.config.file_unit_bytes) {
         Ok(b) => b,
         Err(e) => fatal(&format!("a fault thread cannot map its buffers: {e}")),
     };

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use crate::backend::file::{FileTier, DEFAULT_UNIT_BYTES};
+use crate::backend::file::FileTier;
 use crate::backend::pool::Pool;
 use crate::config::{ConfigError, Hint, PagerConfig};
 use crate::page::{pages_for, pages_to_bytes, PAGE_SIZE};
@@ -193,7 +193,7 @@ impl Shared {
     /// unit and each fault thread's unit cache, metadata.
     pub(crate) fn footprint_floor(&self) -> u64 {
         let file_buf =
-            if self.file.is_some() { (1 + self.fault_threads) as u64 * DEFAULT_UNIT_BYTES as u64 } else { 0 };
+            if self.file.is_some() { (2 + self.fault_threads) as u64 * self.config.file_unit_bytes as u64 } else { 0 };
         self.pool.total_bytes() + file_buf + self.metadata_bytes.load(Ordering::Relaxed)
     }
 
@@ -361,7 +361,7 @@ impl Pager {
             .map_err(io_err("cannot reserve address space for the compressed pool"))?;
         let file = if config.tiers.file {
             let dir = config.swap_dir();
-            Some(FileTier::create(&dir, DEFAULT_UNIT_BYTES).map_err(io_err(format!(
+            Some(FileTier::create(&dir, config.file_unit_bytes).map_err(io_err(format!(
                 "cannot create the swap file in {} (give --swap-dir a writable directory on a real filesystem, or leave out the file tier)",
                 dir.display()
             )))?)

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::compress::{compress, COMPRESS_BUF_BYTES, INCOMPRESSIBLE_LIMIT};
-use crate::backend::file::{UnitWriter, DEFAULT_UNIT_BYTES};
+use crate::backend::file::UnitWriter;
 use crate::backend::zero::same_filled_pattern;
 use crate::fault::fatal;
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
@@ -72,7 +72,7 @@ pub(crate) fn reclaim_thread(s: Arc<Shared>) {
 impl Reclaim {
     fn new(s: Arc<Shared>) -> std::io::Result<Reclaim> {
         let writer = match s.file {
-            Some(_) => Some(UnitWriter::new(DEFAULT_UNIT_BYTES)?),
+            Some(_) => Some(UnitWriter::new(s.config.file_unit_bytes)?),
             None => None,
         };
         Ok(Reclaim {
@@ -526,10 +526,12 @@ impl Reclaim {
             file.write_unit(w)
         };
         drop(gate);
+        let io_bytes = w.io_bytes() as u64;
         w.clear();
         match res {
             Ok(base) => {
                 self.s.counters.file_writes.fetch_add(1, Ordering::Relaxed);
+                self.s.counters.file_io_bytes.fetch_add(io_bytes, Ordering::Relaxed);
                 for &(k, off, len) in pending.iter() {
                     self.s.counters.pswpout.fetch_add(1, Ordering::Relaxed);
                     self.s.counters.file_write_bytes.fetch_add(len as u64, Ordering::Relaxed);

@@ -88,12 +88,15 @@ counters! {
     read_errors,
     /// Units (one write each) written to the file tier.
     file_writes,
-    /// Bytes written to the file tier.
+    /// Payload bytes (pages as stored: compressed, or raw if incompressible) written to the file.
     file_write_bytes,
     /// Whole units read from the file tier by faults (one IO each).
     file_unit_reads,
     /// File records served from a unit a fault thread had already read.
     file_unit_hits,
+    /// Bytes written to the file (whole IOs: records, headers, alignment); divided by
+    /// `file_writes` it is the average write size.
+    file_io_bytes,
     /// Page faults served.
     faults,
     /// First-touch faults (no data yet).

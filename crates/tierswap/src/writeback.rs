@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::file::{FileError, UnitCache, UnitWriter, DEFAULT_UNIT_BYTES};
+use crate::backend::file::{FileError, UnitCache, UnitWriter};
 use crate::backend::pool::PoolHandle;
 use crate::fault::fatal;
 use crate::page::PAGE_SIZE;
@@ -69,7 +69,7 @@ pub(crate) fn writeback_thread(s: Arc<Shared>) {
 impl Writeback {
     pub(crate) fn new(s: Arc<Shared>) -> std::io::Result<Writeback> {
         let writer = match s.file {
-            Some(_) => Some(UnitWriter::new(DEFAULT_UNIT_BYTES)?),
+            Some(_) => Some(UnitWriter::new(s.config.file_unit_bytes)?),
             None => None,
         };
         Ok(Writeback { s, writer, warned_write_error: false })
@@ -162,10 +162,12 @@ impl Writeback {
     fn commit_writeback(&mut self, w: &mut UnitWriter, held: &mut Vec<(u64, SwapEntry, usize)>) -> Option<usize> {
         let file = self.s.file.as_ref()?;
         let res = file.write_unit(w);
+        let io_bytes = w.io_bytes() as u64;
         w.clear();
         match res {
             Ok(base) => {
                 let n = held.len();
+                self.s.counters.file_io_bytes.fetch_add(io_bytes, Ordering::Relaxed);
                 self.s.counters.file_writes.fetch_add(1, Ordering::Relaxed);
                 for (slot, e, off) in held.drain(..) {
                     let (h, len) = e.addr_len();

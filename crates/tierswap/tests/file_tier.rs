@@ -321,3 +321,35 @@ fn drain_empties_the_file_while_threads_read_and_write() {
     assert_eq!(p.stats().file_pages, 0);
     p.resume(tierswap::Tier::File);
 }
+
+#[test]
+fn larger_file_units_mean_larger_writes() {
+    let p = Pager::new(PagerConfig {
+        budget_bytes: 8 << 20,
+        tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
+        pool_max_bytes: Some(1 << 20),
+        file_unit_bytes: 1 << 20,
+        ..Default::default()
+    })
+    .unwrap();
+    let n = 4096;
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    for pg in 0..n {
+        fill_page(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg);
+    }
+    p.evict_all();
+    // Pool writeback packs objects of many clusters into each unit.
+    let t0 = std::time::Instant::now();
+    while p.stats().counters.zswpwb < n as u64 / 2 {
+        assert!(t0.elapsed().as_secs() < 30, "writeback stalled: {:?}", p.stats());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let c = p.stats().counters;
+    assert!(c.file_writes > 0 && c.file_io_bytes >= c.file_write_bytes, "{c:?}");
+    let avg = c.file_io_bytes / c.file_writes;
+    assert!(avg > 256 << 10, "writes fill units of 1 MiB, not 64 KiB: {avg} bytes on average");
+    let mem = r.as_slice();
+    assert!((0..n).all(|pg| page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg)));
+    let bad = PagerConfig { file_unit_bytes: 100_000, ..Default::default() };
+    assert!(Pager::new(bad).is_err(), "a unit that is not a power of two is refused");
+}

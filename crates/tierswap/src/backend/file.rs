@@ -204,6 +204,11 @@ impl UnitWriter {
         self.used_bytes
     }
 
+    /// Bytes the write of this unit puts on disk (used bytes rounded up to the IO size).
+    pub fn io_bytes(&self) -> usize {
+        round_up(self.used_bytes, IO_ALIGN)
+    }
+
     /// Empties the writer for the next unit.
     pub fn clear(&mut self) {
         self.used_bytes = 0;
