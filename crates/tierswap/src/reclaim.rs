@@ -133,6 +133,9 @@ impl Reclaim {
                 self.s.reclaim_stuck.store(false, Ordering::Relaxed);
             } else {
                 self.s.reclaim_stuck.store(true, Ordering::Relaxed);
+            }
+            // Under the low watermark is the goal; over the budget is what users must hear of.
+            if !writeback_can && fp > self.s.budget() {
                 self.s.counters.over_budget_events.fetch_add(1, Ordering::Relaxed);
                 if !self.s.warned_over_budget.swap(true, Ordering::Relaxed) {
                     eprintln!(
