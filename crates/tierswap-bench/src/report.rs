@@ -140,9 +140,9 @@ fn opt_ratio(r: Option<f64>) -> String {
 pub fn table(machine: &Machine, header: &str, summaries: &[Summary]) -> String {
     let mut s = String::new();
     s.push_str(&format!("# {}\n# {}\n", machine.summary(), header));
-    s.push_str("# medians over runs, (min–max); ratios are this engine's median refault ÷ the kernel engine's\n");
+    s.push_str("# medians over runs, (min–max); ÷zswap ÷zram: this engine's median refault ÷ that kernel engine's; out÷zsw: the same for swap-out\n");
     s.push_str(&format!(
-        "{:<16} {:<13} {:>4} {:>22} {:>22} {:>20} {:>9} {:>9} {:>9} {:>8} {:>8}\n",
+        "{:<16} {:<13} {:>4} {:>22} {:>22} {:>20} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} {:>8}\n",
         "workload",
         "engine",
         "runs",
@@ -152,8 +152,10 @@ pub fn table(machine: &Machine, header: &str, summaries: &[Summary]) -> String {
         "p99 µs",
         "fp/budg",
         "mismatch",
+        "free s",
         "÷zswap",
-        "÷zram"
+        "÷zram",
+        "out÷zsw"
     ));
     for x in summaries {
         s.push_str(&format!(
