@@ -23,6 +23,8 @@ pub struct Outcome {
     pub results: Vec<RunResult>,
     /// Engines skipped, with the reason.
     pub skipped: Vec<String>,
+    /// Runs tried a second time (OOM-killed kernel runs), with the reason.
+    pub retried: Vec<String>,
     /// Runs that failed, one line each.
     pub failures: Vec<String>,
     /// Stopped early by Ctrl-C / SIGTERM.
@@ -90,7 +92,16 @@ pub fn run(plan: &Plan, engines: &mut [Box<dyn Engine>], log: &mut dyn FnMut(&st
                     break 'all;
                 }
                 let spec = RunSpec { workload: w, run, ..plan.template.clone() };
-                match engines[i].run(&spec) {
+                let mut result = engines[i].run(&spec);
+                if let Err(e @ EngineError::OomKilled { .. }) = &result {
+                    // memcg v1 does not charge zswap's pool or zram: the kernel can fail to
+                    // reclaim in time. One more try, said out loud.
+                    let line = format!("{e} (run {}); retrying once", run + 1);
+                    log(&line);
+                    out.retried.push(line);
+                    result = engines[i].run(&spec);
+                }
+                match result {
                     Ok(r) => {
                         log(&format!(
                             "{:<16} {:<13} run {}: refault {:.3} s, {} pages verified, {} mismatches",
@@ -103,7 +114,15 @@ pub fn run(plan: &Plan, engines: &mut [Box<dyn Engine>], log: &mut dyn FnMut(&st
                         ));
                         out.results.push(r);
                     }
-                    Err(e @ EngineError::Unavailable { .. }) | Err(e @ EngineError::Failed { .. }) => {
+                    Err(e @ EngineError::Unavailable { .. }) => {
+                        // This engine does not do this workload: a skip, said once.
+                        let line = format!("{e} (workload {})", w.name());
+                        if !out.skipped.contains(&line) {
+                            log(&line);
+                            out.skipped.push(line);
+                        }
+                    }
+                    Err(e @ EngineError::OomKilled { .. }) | Err(e @ EngineError::Failed { .. }) => {
                         let line = e.to_string();
                         log(&line);
                         out.failures.push(line);
@@ -127,6 +146,8 @@ mod tests {
         kind: EngineKind,
         available: bool,
         calls: std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+        /// What successive runs do: "ok", "oom" or "skip"; "ok" once it runs out.
+        script: Vec<&'static str>,
     }
 
     impl Engine for Fake {
@@ -142,6 +163,17 @@ mod tests {
         }
         fn run(&mut self, spec: &RunSpec) -> Result<RunResult, EngineError> {
             self.calls.borrow_mut().push(format!("{}:{}:{}", spec.workload.name(), self.kind.name(), spec.run));
+            let step = if self.script.is_empty() { "ok" } else { self.script.remove(0) };
+            if step == "oom" {
+                return Err(EngineError::OomKilled {
+                    engine: self.kind.name(),
+                    workload: spec.workload.name().into(),
+                    budget_mib: 1,
+                });
+            }
+            if step == "skip" {
+                return Err(EngineError::Unavailable { engine: self.kind.name(), reason: "not this workload".into() });
+            }
             Ok(RunResult {
                 workload: spec.workload.name().into(),
                 engine: self.kind.name().into(),
@@ -159,9 +191,9 @@ mod tests {
     fn alternates_engines_and_skips_unavailable_ones() {
         let calls = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
         let mut engines: Vec<Box<dyn Engine>> = vec![
-            Box::new(Fake { kind: EngineKind::Tierswap, available: true, calls: calls.clone() }),
-            Box::new(Fake { kind: EngineKind::KernelZram, available: false, calls: calls.clone() }),
-            Box::new(Fake { kind: EngineKind::KernelZswap, available: true, calls: calls.clone() }),
+            Box::new(Fake { kind: EngineKind::Tierswap, available: true, calls: calls.clone(), script: vec![] }),
+            Box::new(Fake { kind: EngineKind::KernelZram, available: false, calls: calls.clone(), script: vec![] }),
+            Box::new(Fake { kind: EngineKind::KernelZswap, available: true, calls: calls.clone(), script: vec![] }),
         ];
         let plan = Plan {
             workloads: vec![WorkloadKind::Seq64],
@@ -191,5 +223,51 @@ mod tests {
         assert_eq!(out.results.len(), 4);
         assert_eq!(out.skipped.len(), 1);
         assert!(out.skipped[0].contains("kernel-zram skipped: not here"));
+    }
+
+    fn plan(runs: usize) -> Plan {
+        Plan {
+            workloads: vec![WorkloadKind::Seq64],
+            runs,
+            template: RunSpec {
+                workload: WorkloadKind::Seq64,
+                size_bytes: 4096,
+                budget_bytes: 4096,
+                threads: 1,
+                run: 0,
+                pager: Default::default(),
+            },
+        }
+    }
+
+    #[test]
+    fn an_oom_killed_run_is_retried_once_and_said() {
+        let calls = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let mut engines: Vec<Box<dyn Engine>> = vec![Box::new(Fake {
+            kind: EngineKind::KernelZswap,
+            available: true,
+            calls: calls.clone(),
+            script: vec!["oom", "ok", "oom", "oom"],
+        })];
+        let out = run(&plan(2), &mut engines, &mut |_| {});
+        assert_eq!(out.results.len(), 1, "run 0 succeeded on its retry, run 1 did not");
+        assert_eq!(out.retried.len(), 2);
+        assert_eq!(out.failures.len(), 1);
+        assert!(out.failures[0].contains("OOM-killed"), "{:?}", out.failures);
+        assert_eq!(calls.borrow().len(), 4 + 1, "four runs and the teardown");
+    }
+
+    #[test]
+    fn an_engine_that_does_not_do_a_workload_is_skipped_not_failed() {
+        let calls = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let mut engines: Vec<Box<dyn Engine>> = vec![Box::new(Fake {
+            kind: EngineKind::KernelZram,
+            available: true,
+            calls: calls.clone(),
+            script: vec!["skip", "skip", "skip"],
+        })];
+        let out = run(&plan(3), &mut engines, &mut |_| {});
+        assert!(out.failures.is_empty() && out.results.is_empty());
+        assert_eq!(out.skipped.len(), 1, "said once: {:?}", out.skipped);
     }
 }

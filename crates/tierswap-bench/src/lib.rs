@@ -143,6 +143,16 @@ pub enum EngineError {
         /// One line: why.
         reason: String,
     },
+    /// The kernel's OOM killer ended the run inside the memcg (the lab retries once).
+    #[error("{engine} was OOM-killed on {workload} inside the {budget_mib} MiB memcg")]
+    OomKilled {
+        /// The engine.
+        engine: &'static str,
+        /// The workload.
+        workload: String,
+        /// The memcg limit.
+        budget_mib: u64,
+    },
     /// The run itself failed.
     #[error("{engine} failed on {workload}: {reason}")]
     Failed {

@@ -270,7 +270,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
             }),
             runs: &out.results,
             summary: &summaries,
-            problems: out.skipped.iter().chain(&out.failures).cloned().collect(),
+            problems: out.skipped.iter().chain(&out.retried).chain(&out.failures).cloned().collect(),
         };
         let text = serde_json::to_string_pretty(&doc)?;
         std::fs::write(path, text).map_err(|e| UserError(format!("cannot write {}: {e}", path.display())))?;

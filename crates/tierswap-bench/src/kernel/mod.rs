@@ -319,12 +319,14 @@ impl KernelEngine {
                 .lines()
                 .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse::<u64>().ok()))
                 .unwrap_or(0);
-            let why = if oom_kills > 0 {
-                format!("the kernel's OOM killer ended the workload inside the {} MiB memcg", spec.budget_bytes >> 20)
-            } else {
-                format!("workload child {status}: {}", err.trim())
-            };
-            return Err(self.failed(spec, why));
+            if oom_kills > 0 {
+                return Err(EngineError::OomKilled {
+                    engine: self.kind.name(),
+                    workload: spec.workload.name().into(),
+                    budget_mib: spec.budget_bytes >> 20,
+                });
+            }
+            return Err(self.failed(spec, format!("workload child {status}: {}", err.trim())));
         }
         let r: ChildResult = serde_json::from_str(out.trim())
             .map_err(|e| self.failed(spec, format!("bad child output ({e}): {out}")))?;
