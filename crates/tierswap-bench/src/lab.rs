@@ -195,20 +195,8 @@ mod tests {
             Box::new(Fake { kind: EngineKind::KernelZram, available: false, calls: calls.clone(), script: vec![] }),
             Box::new(Fake { kind: EngineKind::KernelZswap, available: true, calls: calls.clone(), script: vec![] }),
         ];
-        let plan = Plan {
-            workloads: vec![WorkloadKind::Seq64],
-            runs: 2,
-            template: RunSpec {
-                workload: WorkloadKind::Seq64,
-                size_bytes: 4096,
-                budget_bytes: 4096,
-                threads: 1,
-                run: 0,
-                pager: Default::default(),
-            },
-        };
         let mut lines = Vec::new();
-        let out = run(&plan, &mut engines, &mut |l| lines.push(l.to_string()));
+        let out = run(&plan(2), &mut engines, &mut |l| lines.push(l.to_string()));
         assert_eq!(
             *calls.borrow(),
             vec![

@@ -18,6 +18,16 @@ fn page_ok(buf: &[u8], p: usize) -> bool {
     buf.chunks_exact(8).enumerate().all(|(i, w)| w == ((p as u64) * 512 + i as u64).to_le_bytes())
 }
 
+/// A region of `n` pages of `p`, page `i` filled with counter data for `i`.
+fn filled_region(p: &Pager, n: usize) -> tierswap::Region {
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    let mem = r.as_mut_slice();
+    for pg in 0..n {
+        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg);
+    }
+    r
+}
+
 /// The pager's swap file, reopened through /proc/self/fd.
 fn open_swap_file() -> std::fs::File {
     for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
@@ -131,12 +141,9 @@ fn a_full_disk_loses_no_page() {
     })
     .unwrap();
     let n = 4096; // 16 MiB of pages through a 1 MiB disk
-    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
-    let mem = r.as_mut_slice();
-    for pg in 0..n {
-        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg);
-    }
+    let r = filled_region(&p, n);
     p.evict_all();
+    let mem = r.as_slice();
     let bad = (0..n).filter(|&pg| !page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg)).count();
     assert_eq!(bad, 0, "no page lost to a full disk");
     let st = p.stats();
@@ -150,24 +157,13 @@ fn a_full_disk_loses_no_page() {
 #[test]
 fn the_swap_file_is_private_and_unlinked() {
     use std::os::unix::fs::MetadataExt;
-    let p = Pager::new(PagerConfig {
-        budget_bytes: 8 << 20,
-        tiers: "zero,file".parse::<Tiers>().unwrap(),
-        ..Default::default()
-    })
-    .unwrap();
     let n = 16;
-    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
-    for pg in 0..n {
-        fill_page(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg);
-    }
-    p.evict_all();
-    assert_eq!(r.page_states(), (0, 0, n), "every page evicted");
+    let (_pager, r) = all_on_disk(n);
     let f = open_swap_file();
     let m = f.metadata().unwrap();
     assert_eq!(m.mode() & 0o777, 0o600, "only the owner may read or write the swap file");
     assert_eq!(m.nlink(), 0, "the swap file has no name anyone could open");
-    let mem = r.as_mut_slice();
+    let mem = r.as_slice();
     assert!((0..n).all(|pg| page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg)));
 }
 
@@ -181,11 +177,7 @@ fn all_on_disk(n: usize) -> (Pager, tierswap::Region) {
         ..Default::default()
     })
     .unwrap();
-    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
-    let mem = r.as_mut_slice();
-    for pg in 0..n {
-        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg);
-    }
+    let r = filled_region(&p, n);
     p.evict_all();
     assert_eq!(r.page_states(), (0, 0, n), "every page on disk");
     (p, r)
@@ -333,10 +325,7 @@ fn larger_file_units_mean_larger_writes() {
     })
     .unwrap();
     let n = 4096;
-    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
-    for pg in 0..n {
-        fill_page(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg);
-    }
+    let r = filled_region(&p, n);
     p.evict_all();
     // Pool writeback packs objects of many clusters into each unit.
     let t0 = std::time::Instant::now();
