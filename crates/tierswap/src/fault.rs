@@ -137,8 +137,8 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
         }
         PteState::Swapped => {
             let slot = old.payload();
-            let from_disk = s.swap.load(slot).tag() == Tag::File;
-            match read_slot(s, slot, scratch) {
+            let (tag, res) = read_slot(s, slot, scratch);
+            match res {
                 Ok(Some(())) => {
                     let _ = copy_page(s, page_addr, scratch.page.as_slice());
                 }
@@ -152,7 +152,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             s.counters.faults_swapped.fetch_add(1, Ordering::Relaxed);
             r.ptes.unlock(idx, old, Pte::present());
             finish_fault(s, t0);
-            if from_disk {
+            if tag == Tag::File {
                 // The program runs again already; read its likely next pages meanwhile.
                 let window = r.ra.next(idx, r.hint, s.config.readahead_max_pages);
                 if window <= 1 {
@@ -387,13 +387,14 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
     n
 }
 
-/// Reads slot `slot`'s bytes into `scratch.page`. `Ok(None)` means a zero page (nothing to
-/// copy). The slot keeps its reference; the caller puts it.
-pub(crate) fn read_slot(s: &Shared, slot: u64, scratch: &mut Scratch) -> Result<Option<()>, ReadFail> {
+/// Reads slot `slot`'s bytes into `scratch.page`, and says which tier they came from.
+/// `Ok(None)` means a zero page (nothing to copy). The slot keeps its reference; the caller
+/// puts it.
+pub(crate) fn read_slot(s: &Shared, slot: u64, scratch: &mut Scratch) -> (Tag, Result<Option<()>, ReadFail>) {
     let e = s.swap.lock(slot);
     let res = read_entry(s, slot, e, scratch);
     s.swap.unlock(slot, e, e);
-    res
+    (e.tag(), res)
 }
 
 fn read_entry(s: &Shared, slot: u64, e: SwapEntry, scratch: &mut Scratch) -> Result<Option<()>, ReadFail> {

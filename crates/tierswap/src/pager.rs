@@ -178,8 +178,9 @@ pub(crate) struct Shared {
     pub(crate) wb_failing: AtomicBool,
     /// The file tier takes no new records (drained).
     pub(crate) file_off: AtomicBool,
-    /// Held while a unit is written to the file; drain takes it to wait for writers.
-    pub(crate) file_gate: Mutex<()>,
+    /// Writers of file units hold it shared (reclaim and writeback write at once); drain
+    /// takes it exclusively to wait out the writes in flight.
+    pub(crate) file_gate: RwLock<()>,
 }
 
 impl Shared {
@@ -403,7 +404,7 @@ impl Pager {
             wb_wanted: AtomicBool::new(false),
             wb_failing: AtomicBool::new(false),
             file_off: AtomicBool::new(false),
-            file_gate: Mutex::new(()),
+            file_gate: RwLock::new(()),
         });
         shared.refresh_metadata();
         let mut handles = Vec::new();

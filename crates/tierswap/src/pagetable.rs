@@ -93,6 +93,11 @@ impl Pte {
         matches!(self.state(), PteState::Present | PteState::Staged) && self.payload() == Self::WAS_ACTIVE
     }
 
+    /// The staged pte of this present page, keeping its was-active marker.
+    pub const fn staged_keeping_hotness(self) -> Pte {
+        Pte::new(PteState::Staged, if self.was_active() { Self::WAS_ACTIVE } else { 0 })
+    }
+
     /// Whether this is a staged page read ahead and not yet used.
     pub const fn is_readahead(self) -> bool {
         matches!(self.state(), PteState::Staged) && self.payload() == 1
@@ -360,6 +365,9 @@ mod tests {
         assert!(Pte::new(PteState::Present, Pte::WAS_ACTIVE).was_active());
         assert!(!Pte::swapped(Pte::WAS_ACTIVE).was_active(), "a slot id is not a marker");
         assert!(!Pte::staged().was_active() && !Pte::staged().is_readahead());
+        let hot_present = Pte::new(PteState::Present, Pte::WAS_ACTIVE);
+        assert_eq!(hot_present.staged_keeping_hotness(), hot);
+        assert_eq!(Pte::present().staged_keeping_hotness(), Pte::staged());
     }
 
     use super::*;

@@ -282,8 +282,7 @@ impl Reclaim {
             };
             for k in i..i + done {
                 let old = r.ptes.load(k);
-                let payload = if old.was_active() { Pte::WAS_ACTIVE } else { 0 };
-                r.ptes.unlock(k, old, Pte::new(PteState::Staged, payload));
+                r.ptes.unlock(k, old, old.staged_keeping_hotness());
             }
             staged += done;
             i += done;
@@ -299,8 +298,7 @@ impl Reclaim {
                         PteState::Staged => {
                             // Moved after all, whatever the errno said.
                             staged += 1;
-                            let payload = if old.was_active() { Pte::WAS_ACTIVE } else { 0 };
-                            Pte::new(PteState::Staged, payload)
+                            old.staged_keeping_hotness()
                         }
                         _ => old,
                     };
@@ -522,7 +520,7 @@ impl Reclaim {
         if pending.is_empty() {
             return;
         }
-        let gate = self.s.file_gate.lock().unwrap_or_else(|e| e.into_inner());
+        let gate = self.s.file_gate.read().unwrap_or_else(|e| e.into_inner());
         let res = if self.s.file_off.load(Ordering::Acquire) {
             Err(crate::backend::file::FileError::Off)
         } else {

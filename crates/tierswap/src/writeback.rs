@@ -83,7 +83,7 @@ impl Writeback {
             return 0;
         }
         // Drain holds this while it empties the file: no new units meanwhile.
-        let _gate = s.file_gate.lock().unwrap_or_else(|e| e.into_inner());
+        let _gate = s.file_gate.read().unwrap_or_else(|e| e.into_inner());
         if s.file_off.load(Ordering::Acquire) {
             return 0;
         }
@@ -208,7 +208,7 @@ pub(crate) fn drain_file(s: &Arc<Shared>) -> DrainReport {
         return report;
     };
     s.file_off.store(true, Ordering::Release);
-    drop(s.file_gate.lock().unwrap_or_else(|e| e.into_inner()));
+    drop(s.file_gate.write().unwrap_or_else(|e| e.into_inner()));
     let mut cache = match UnitCache::new(file.unit_bytes()) {
         Ok(c) => c,
         Err(e) => {
