@@ -222,6 +222,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         fault_threads: b.fault_threads,
         readahead_max_pages: b.readahead_max.max(1),
         file_unit_bytes: size("--file-unit", &b.file_unit)? as usize,
+        ..PagerConfig::default()
     };
     pager.validate()?;
     if let Some(dir) = &b.swap_dir {

@@ -8,6 +8,11 @@ use thiserror::Error;
 /// one inactive batch and the pool's first spans. Below this reclaim cannot keep up.
 pub const MIN_BUDGET_BYTES: u64 = 4 << 20;
 
+/// Default largest swap-in: 64 KiB, the reference RFC's order (000).
+pub const DEFAULT_SWAPIN_MAX_PAGES: u32 = 16;
+/// Largest swap-in a user may ask for: 2 MiB.
+pub const MAX_SWAPIN_PAGES: u32 = 512;
+
 /// How a region will be accessed (the `madvise` hint analogue); steers large swap-in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum Hint {
@@ -116,6 +121,45 @@ pub struct PagerConfig {
     /// Bytes of one file write (a unit of packed records): a power of two, 64 KiB to 4 MiB.
     /// Larger units mean fewer, larger IOs (flash likes them) and larger read buffers.
     pub file_unit_bytes: usize,
+    /// How a fault in swapped memory picks how many pages to bring in (large swap-in).
+    pub swapin_policy: SwapinPolicy,
+    /// Largest swap-in, in pages: a power of two from 1 (4 KiB) to 512 (2 MiB); default 16 (64 KiB).
+    pub swapin_max_pages: u32,
+    /// Map staged neighbours of a faulting page in the same call (fault-around).
+    pub fault_around: bool,
+    /// Workingset detection: evicted pages keep an eviction time, and a page refaulted
+    /// soon after its eviction is activated at once.
+    pub workingset: bool,
+    /// Clean pages: a page swapped in from the pool keeps its slot while it stays
+    /// unwritten, so evicting it again costs no compression.
+    pub keep_clean: bool,
+    /// Encrypt and authenticate the file tier's records (ChaCha20-Poly1305, an ephemeral
+    /// per-pager key); `false` keeps only the crc32c checksum.
+    pub encrypt: bool,
+}
+
+/// How the fault path picks the size of a swap-in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum SwapinPolicy {
+    /// Large swap-in where the region's hint or its recent faults show locality (the default).
+    #[default]
+    Locality,
+    /// Always one page per fault (the kernel's order-0 swap-in).
+    Order0,
+    /// Large swap-in whenever the range qualifies, locality or not (for measurement).
+    Always,
+}
+
+impl std::str::FromStr for SwapinPolicy {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "locality" | "default" => Ok(SwapinPolicy::Locality),
+            "order0" => Ok(SwapinPolicy::Order0),
+            "always" => Ok(SwapinPolicy::Always),
+            other => Err(ConfigError::Policy(other.to_string())),
+        }
+    }
 }
 
 impl Default for PagerConfig {
@@ -129,6 +173,12 @@ impl Default for PagerConfig {
             fault_threads: 0,
             readahead_max_pages: crate::policy::readahead::DEFAULT_MAX_PAGES,
             file_unit_bytes: crate::backend::file::DEFAULT_UNIT_BYTES,
+            swapin_policy: SwapinPolicy::default(),
+            swapin_max_pages: DEFAULT_SWAPIN_MAX_PAGES,
+            fault_around: true,
+            workingset: true,
+            keep_clean: true,
+            encrypt: true,
         }
     }
 }
@@ -163,6 +213,10 @@ impl PagerConfig {
         if !u.is_power_of_two() || !(64 << 10..=4 << 20).contains(&u) {
             return Err(ConfigError::FileUnit(u));
         }
+        let m = self.swapin_max_pages;
+        if !m.is_power_of_two() || m > MAX_SWAPIN_PAGES {
+            return Err(ConfigError::SwapinMax(m as u64 * crate::page::PAGE_SIZE as u64));
+        }
         Ok(())
     }
 }
@@ -188,6 +242,12 @@ pub enum ConfigError {
     /// A file unit size that is not a power of two between 64 KiB and 4 MiB.
     #[error("file unit of {0} bytes: give a power of two from 64K to 4M")]
     FileUnit(usize),
+    /// A largest swap-in that is not a power of two from 4 KiB to 2 MiB.
+    #[error("largest swap-in of {0} bytes: give a power of two from 4K to 2M (e.g. --swapin-max 64K)")]
+    SwapinMax(u64),
+    /// An unknown swap-in policy.
+    #[error("unknown swap-in policy '{0}': use locality, order0 or always")]
+    Policy(String),
     /// An unknown compressor.
     #[error("unknown compressor '{0}': use lz4, zstd or zstd:LEVEL (1-19)")]
     Compressor(String),
