@@ -64,8 +64,18 @@ counters! {
     swpout_samefill,
     /// Swap-ins of more than one page in one call.
     swpin_large,
+    /// Pages brought in by large swap-ins (the faulting pages included).
+    swpin_large_pages,
     /// Pages a large swap-in admitted but served order-0 (backend changed meanwhile).
     swpin_large_fallback,
+    /// Large swap-ins whose range spanned more than one backend (pool, zero, file).
+    swpin_large_mixed,
+    /// Faults where admission vetoed a large swap-in for lack of locality.
+    swpin_large_veto,
+    /// Staged neighbours mapped by a fault in the same call (fault-around).
+    fault_around_pages,
+    /// Pages evicted again while still clean: their slot was kept, no compression, no IO.
+    swpout_clean,
     /// Pages read ahead from the file tier.
     swap_ra,
     /// Read-ahead pages touched afterwards.
