@@ -19,6 +19,7 @@ use crate::backend::zero::fill_pattern;
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
 use crate::pager::{Lookup, RegionInner, Shared};
 use crate::pagetable::{Pte, PteState};
+use crate::policy::admission::range_of;
 use crate::swap::{SwapEntry, Tag};
 use crate::uffd::{self, Event};
 
@@ -26,6 +27,10 @@ use crate::uffd::{self, Event};
 pub(crate) struct Scratch {
     /// One page being assembled for UFFDIO_COPY.
     page: AlignedBuf,
+    /// The pages of a swap-in being assembled for UFFDIO_COPY (up to the largest swap-in).
+    range: AlignedBuf,
+    /// Per page of the swap-in range: what happens to it.
+    plan: Vec<Planned>,
     /// Compressed bytes read from the file.
     compressed: Vec<u8>,
     /// The last file unit read (pages evicted together come back together).
@@ -33,9 +38,12 @@ pub(crate) struct Scratch {
 }
 
 impl Scratch {
-    pub(crate) fn new(unit_bytes: usize) -> std::io::Result<Scratch> {
+    pub(crate) fn new(unit_bytes: usize, swapin_max_pages: u32) -> std::io::Result<Scratch> {
+        let max_pages = swapin_max_pages.max(1) as usize;
         Ok(Scratch {
             page: AlignedBuf::new(PAGE_SIZE)?,
+            range: AlignedBuf::new(max_pages * PAGE_SIZE)?,
+            plan: Vec::with_capacity(max_pages),
             compressed: vec![0u8; PAGE_SIZE],
             unit: UnitCache::new(unit_bytes)?,
         })
@@ -62,7 +70,7 @@ impl std::fmt::Display for ReadFail {
 
 /// The fault thread's loop.
 pub(crate) fn fault_thread(s: Arc<Shared>) {
-    let mut scratch = match Scratch::new(s.config.file_unit_bytes) {
+    let mut scratch = match Scratch::new(s.config.file_unit_bytes, s.config.swapin_max_pages) {
         Ok(b) => b,
         Err(e) => fatal(&format!("a fault thread cannot map its buffers: {e}")),
     };
@@ -79,8 +87,10 @@ pub(crate) fn fault_thread(s: Arc<Shared>) {
             Err(e) => fatal(&format!("reading the userfaultfd failed: {e}")),
         }
         for ev in events.drain(..) {
-            if let Event::PageFault { addr, write, .. } = ev {
-                handle_fault(&s, addr, write, &mut scratch);
+            match ev {
+                Event::PageFault { addr, wp: true, .. } => handle_wp_fault(&s, addr),
+                Event::PageFault { addr, write, .. } => handle_fault(&s, addr, write, &mut scratch),
+                _ => {}
             }
         }
     }
@@ -136,23 +146,9 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             return;
         }
         PteState::Swapped => {
-            let slot = old.payload();
-            let (tag, res) = read_slot(s, slot, scratch);
-            match res {
-                Ok(Some(())) => {
-                    let _ = copy_page(s, page_addr, scratch.page.as_slice());
-                }
-                Ok(None) => install_zero(s, page_addr, write),
-                Err(fail) => {
-                    poison(s, page_addr, slot, &fail);
-                }
-            }
-            put_slot(s, slot);
-            s.present_pages.fetch_add(1, Ordering::Relaxed);
-            s.counters.faults_swapped.fetch_add(1, Ordering::Relaxed);
-            r.ptes.unlock(idx, old, Pte::present());
+            let tag = swap_in(s, &r, idx, old, write, scratch);
             finish_fault(s, t0);
-            if tag == Tag::File {
+            if tag == Some(Tag::File) {
                 // The program runs again already; read its likely next pages meanwhile.
                 let window = r.ra.next(idx, r.hint, s.config.readahead_max_pages);
                 if window <= 1 {
@@ -166,6 +162,306 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
     };
     r.ptes.unlock(idx, old, new);
     finish_fault(s, t0);
+}
+
+/// One page of a swap-in range, from probe to install.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Planned {
+    /// The pte as locked (unlocked form); `None` when the page is not part of the swap-in.
+    pte: Option<Pte>,
+    /// The entry as locked.
+    entry: SwapEntry,
+    /// What the bytes are once read.
+    kind: Kind,
+    /// Keep the slot: the page comes in clean and write-protected.
+    keep: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Not part of the swap-in (left as it was).
+    Skip,
+    /// Read: bytes in the range buffer.
+    Data,
+    /// A zero page (mapped with UFFDIO_ZEROPAGE).
+    Zero,
+    /// Unreadable: the faulting page gets SIGBUS; a neighbour is left for its own fault.
+    Failed,
+}
+
+impl Planned {
+    const SKIP: Planned = Planned { pte: None, entry: SwapEntry::FREE, kind: Kind::Skip, keep: false };
+}
+
+/// Serves a fault on swapped page `idx` (its pte locked, `old`): admission picks how many
+/// pages come in; every page of that range still swapped is read from its own backend
+/// (mixed ranges: pool, zero, same-filled and file pages side by side, the file's records
+/// from one unit read) and the range is installed in as few ioctls as its runs allow, with
+/// one wake-up. Returns the tier the faulting page came from.
+fn swap_in(s: &Shared, r: &RegionInner, idx: usize, old: Pte, write: bool, scratch: &mut Scratch) -> Option<Tag> {
+    let d = r.locality.decide(idx, r.hint, s.config.swapin_policy, s.config.swapin_max_pages);
+    if d.vetoed {
+        s.counters.swpin_large_veto.fetch_add(1, Ordering::Relaxed);
+    }
+    let (first, end) = if d.pages > 1 { range_of(idx, d.pages, r.n_pages) } else { (idx, idx + 1) };
+    let n = end - first;
+    let plan = &mut scratch.plan;
+    plan.clear();
+    plan.resize(n, Planned::SKIP);
+
+    // Probe: a snapshot of which neighbours are swapped and where their bytes are, taken
+    // without locks; then lock the ones still in the same place. A slot whose backend
+    // changed between the two (written back, drained) is left for its own fault.
+    let mut snapshot = [Tag::Free; crate::config::MAX_SWAPIN_PAGES as usize];
+    if n > 1 {
+        for j in first..end {
+            let p = r.ptes.load(j);
+            if j != idx && p.state() == PteState::Swapped && !p.locked() {
+                snapshot[j - first] = s.swap.load(p.payload()).tag();
+            }
+        }
+    }
+    let mut fallback = 0u64;
+    let pool_roomy = s.pool.total_bytes() < s.config.pool_max_bytes() / 4 * 3;
+    let may_keep = |tag: Tag, count: u32, slot: u64, write: bool| {
+        r.clean_tracking
+            && !write
+            && count == 1
+            && slot <= Pte::MAX_KEPT_SLOT
+            && (tag == Tag::File || (tag == Tag::Pool && pool_roomy))
+    };
+    for j in first..end {
+        let k = j - first;
+        let (pte, e) = if j == idx {
+            (old, s.swap.lock(old.payload()))
+        } else {
+            if !snapshot[k].in_memory() && snapshot[k] != Tag::File {
+                continue;
+            }
+            let Some(p) = r.ptes.try_lock_in(j, PteState::Swapped) else {
+                continue;
+            };
+            let slot = p.payload();
+            let e = match s.swap.try_lock(slot) {
+                Some(e) if e.tag() == snapshot[k] && e.count() == 1 => e,
+                other => {
+                    if let Some(e) = other {
+                        s.swap.unlock(slot, e, e);
+                    }
+                    r.ptes.unlock(j, p, p);
+                    fallback += 1;
+                    continue;
+                }
+            };
+            (p, e)
+        };
+        let slot = pte.payload();
+        let buf = &mut scratch.range.as_mut_slice()[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
+        let kind = match read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed) {
+            Ok(true) => Kind::Data,
+            Ok(false) => Kind::Zero,
+            Err(fail) if j == idx => {
+                poison(s, r.page_addr(idx), slot, &fail);
+                Kind::Failed
+            }
+            Err(_) => {
+                // Left swapped: its own fault reports it.
+                s.swap.unlock(slot, e, e);
+                r.ptes.unlock(j, pte, pte);
+                continue;
+            }
+        };
+        let keep = kind == Kind::Data && may_keep(e.tag(), e.count(), slot, write && j == idx);
+        plan[k] = Planned { pte: Some(pte), entry: e, kind, keep };
+    }
+
+    // Install runs of pages of one kind: one ioctl each, no wake until the end.
+    let dontwake = n > 1;
+    let mut k = 0;
+    while k < n {
+        let p = plan[k];
+        if matches!(p.kind, Kind::Skip | Kind::Failed) {
+            k += 1;
+            continue;
+        }
+        let run = k;
+        while k + 1 < n && plan[k + 1].kind == p.kind && plan[k + 1].keep == p.keep {
+            k += 1;
+        }
+        k += 1;
+        let addr = r.page_addr(first + run);
+        let len = (k - run) * PAGE_SIZE;
+        let res = match p.kind {
+            Kind::Data => {
+                let bytes = &scratch.range.as_slice()[run * PAGE_SIZE..k * PAGE_SIZE];
+                s.uffd.copy(addr, bytes, dontwake, p.keep)
+            }
+            _ if write && first + run <= idx && idx < first + k => {
+                // A write to a zero page: a zeroed copy saves the write fault after.
+                static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
+                let mut res = Ok(0);
+                for i in run..k {
+                    if let Err(e) = s.uffd.copy(r.page_addr(first + i), &ZERO_PAGE, dontwake, false) {
+                        res = Err(e);
+                        break;
+                    }
+                }
+                res
+            }
+            _ => s.uffd.zeropage(addr, len, dontwake),
+        };
+        if let Err(e) = res {
+            // Pages the kernel did not install stay swapped, their slots intact (the
+            // program faults on them again); the common cause is the region going away.
+            let done = match &e {
+                uffd::Error::PageExist { done_bytes, .. }
+                | uffd::Error::Again { done_bytes, .. }
+                | uffd::Error::NoPage { done_bytes, .. } => done_bytes / PAGE_SIZE,
+                _ => 0,
+            };
+            let _ = settle_install(s, addr + done * PAGE_SIZE, Err(e));
+            for q in &mut plan[run + done..k] {
+                q.kind = Kind::Skip;
+            }
+        }
+    }
+
+    // Settle each page: installed ones free their slot (or keep it, clean) and turn
+    // present; the rest go back as they were.
+    let mut installed = 0i64;
+    let mut tags = 0u8;
+    let mut from_tag = None;
+    for k in 0..n {
+        let p = plan[k];
+        let Some(pte) = p.pte else { continue };
+        let j = first + k;
+        let slot = pte.payload();
+        match p.kind {
+            Kind::Data | Kind::Zero => {
+                tags |= 1 << p.entry.tag().index();
+                if j == idx {
+                    from_tag = Some(p.entry.tag());
+                }
+                let new = if p.keep { Pte::present_clean(slot) } else { Pte::present() };
+                // Judged while the slot still carries its eviction time.
+                let new = if j == idx { workingset_refault(s, slot, new) } else { new };
+                if p.keep {
+                    s.swap.unlock(slot, p.entry, p.entry);
+                } else {
+                    free_backend(s, p.entry);
+                    s.swap.unlock(slot, p.entry, SwapEntry::FREE);
+                }
+                r.ptes.unlock(j, pte, new);
+                installed += 1;
+            }
+            Kind::Failed => {
+                // Poisoned: the page reads as SIGBUS until the program discards it.
+                free_backend(s, p.entry);
+                s.swap.unlock(slot, p.entry, SwapEntry::FREE);
+                r.ptes.unlock(j, pte, Pte::present());
+                installed += 1;
+                from_tag = Some(p.entry.tag());
+            }
+            Kind::Skip => {
+                s.swap.unlock(slot, p.entry, p.entry);
+                r.ptes.unlock(j, pte, pte);
+            }
+        }
+    }
+    if dontwake {
+        let _ = s.uffd.wake(r.page_addr(first), n * PAGE_SIZE);
+    }
+    s.present_pages.fetch_add(installed, Ordering::Relaxed);
+    s.counters.faults_swapped.fetch_add(1, Ordering::Relaxed);
+    if installed > 1 {
+        s.counters.swpin_large.fetch_add(1, Ordering::Relaxed);
+        s.counters.swpin_large_pages.fetch_add(installed as u64, Ordering::Relaxed);
+        if tags.count_ones() > 1 {
+            s.counters.swpin_large_mixed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    if fallback > 0 {
+        s.counters.swpin_large_fallback.fetch_add(fallback, Ordering::Relaxed);
+    }
+    // The stream goes on from the end of what is now in memory past the fault.
+    let mut hi = idx + 1;
+    while hi < end && plan[hi - first].pte.is_some() && plan[hi - first].kind != Kind::Skip {
+        hi += 1;
+    }
+    r.locality.note_swapin(hi);
+    from_tag
+}
+
+/// Workingset detection on the refault of `slot`: if the page was evicted so recently that
+/// a little more memory would have kept it (its refault distance, in evictions since, is
+/// within the budget), it is working set: count it and activate it at once, so the next
+/// aging round passes it over. `new` is the pte the page gets otherwise.
+fn workingset_refault(s: &Shared, slot: u64, new: Pte) -> Pte {
+    if !s.config.workingset {
+        return new;
+    }
+    let Some(distance) = s.swap.refault_distance(slot) else {
+        return new;
+    };
+    s.counters.workingset_refault.fetch_add(1, Ordering::Relaxed);
+    if distance <= s.workingset_pages() {
+        s.counters.workingset_activate.fetch_add(1, Ordering::Relaxed);
+        new.with_active(true)
+    } else {
+        new
+    }
+}
+
+/// A write to a clean page (one that kept its slot, write-protected): its slot no longer
+/// matches what the page will hold, so give it up, then let the write through. The whole
+/// 64 KiB block is done at once: a program writing one page of a block it read in usually
+/// writes the rest, and each page would cost a fault of its own.
+fn handle_wp_fault(s: &Shared, addr: usize) {
+    let page_addr = addr & !(PAGE_SIZE - 1);
+    let Lookup::Region(r, idx) = s.lookup(page_addr) else {
+        let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+        return;
+    };
+    s.counters.faults_wp.fetch_add(1, Ordering::Relaxed);
+    let block_start = idx - idx % BLOCK_PAGES;
+    let block_end = (block_start + BLOCK_PAGES).min(r.n_pages);
+    let mut locked = [None; BLOCK_PAGES];
+    locked[idx - block_start] = Some(r.ptes.lock(idx));
+    for i in block_start..block_end {
+        if i != idx {
+            locked[i - block_start] = r.ptes.try_lock_in(i, PteState::Present);
+        }
+    }
+    // Only pages whose slot is gone (or never kept) may become writable: a page left locked
+    // by someone else keeps its protection, and faults again if written.
+    let mut i = block_start;
+    while i < block_end {
+        let Some(old) = locked[i - block_start] else {
+            i += 1;
+            continue;
+        };
+        let run = i;
+        let mut cur = Some(old);
+        while let Some(old) = cur {
+            if old.state() == PteState::Present {
+                if let Some(kept) = old.kept_slot() {
+                    put_slot(s, kept);
+                }
+            }
+            i += 1;
+            cur = if i < block_end { locked[i - block_start] } else { None };
+        }
+        // Pages of the run that are not present (staged or swapped meanwhile) have no pte
+        // in the program's range; unprotecting them is a no-op.
+        let _ = s.uffd.writeprotect(r.page_addr(run), (i - run) * PAGE_SIZE, false, true);
+        for k in run..i {
+            let old = locked[k - block_start].expect("locked above");
+            let new = if old.state() == PteState::Present { old.without_kept_slot() } else { old };
+            r.ptes.unlock(k, old, new);
+        }
+    }
+    // Wakes the writer: it retries, and takes a missing-page fault if its page was staged.
+    let _ = s.uffd.wake(page_addr, PAGE_SIZE);
 }
 
 /// Reads the disk-backed pages among `[from, to)` into staging (marked read-ahead), where
@@ -185,7 +481,10 @@ fn read_ahead(s: &Shared, r: &RegionInner, from: usize, to: usize, scratch: &mut
         };
         let ok = e.tag() == Tag::File
             && e.count() == 1
-            && matches!(read_entry(s, slot, e, scratch), Ok(Some(())))
+            && matches!(
+                read_entry(s, slot, e, scratch.page.as_mut_slice(), &mut scratch.unit, &mut scratch.compressed),
+                Ok(true)
+            )
             && s.uffd.copy(r.mirror_addr(j), &scratch.page.as_slice()[..PAGE_SIZE], true, false).is_ok();
         if !ok {
             // A failed read here is left for the page's own fault, which reports it.
@@ -260,10 +559,6 @@ fn install_zero(s: &Shared, addr: usize, write: bool) {
     settle_install(s, addr, res);
 }
 
-fn copy_page(s: &Shared, addr: usize, page: &[u8]) -> bool {
-    settle_install(s, addr, s.uffd.copy(addr, &page[..PAGE_SIZE], false, false))
-}
-
 /// Handles the outcome of an install: EEXIST means the page is there already (wake the
 /// waiters ourselves, the kernel did not), EAGAIN is retried.
 fn settle_install(s: &Shared, addr: usize, res: uffd::Result<usize>) -> bool {
@@ -302,7 +597,7 @@ fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) {
     let mut locked = [false; BLOCK_PAGES];
     locked[idx - block_start] = true;
     for i in block_start..block_end {
-        if i == idx {
+        if i == idx || !s.config.fault_around {
             continue;
         }
         if let Some(old) = r.ptes.try_lock_in(i, PteState::Staged) {
@@ -330,6 +625,7 @@ fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) {
     }
     s.staged_pages.fetch_sub(moved_pages, Ordering::Relaxed);
     s.present_pages.fetch_add(moved_pages, Ordering::Relaxed);
+    s.counters.fault_around_pages.fetch_add(moved_pages.saturating_sub(1) as u64, Ordering::Relaxed);
     s.counters.pgactivate.fetch_add(moved_pages as u64, Ordering::Relaxed);
 }
 
@@ -375,6 +671,11 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
         for k in i..i + done_pages {
             let old = r.ptes.load(k);
             ra_hits += old.is_readahead() as u32;
+            // The move maps the page writable, beyond write-protect tracking: it is no
+            // longer known clean.
+            if let Some(kept) = old.kept_slot() {
+                put_slot(s, kept);
+            }
             r.ptes.unlock(k, old, Pte::present().with_active(true));
         }
         if ra_hits > 0 {
@@ -387,27 +688,26 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
     n
 }
 
-/// Reads slot `slot`'s bytes into `scratch.page`, and says which tier they came from.
-/// `Ok(None)` means a zero page (nothing to copy). The slot keeps its reference; the caller
-/// puts it.
-pub(crate) fn read_slot(s: &Shared, slot: u64, scratch: &mut Scratch) -> (Tag, Result<Option<()>, ReadFail>) {
-    let e = s.swap.lock(slot);
-    let res = read_entry(s, slot, e, scratch);
-    s.swap.unlock(slot, e, e);
-    (e.tag(), res)
-}
-
-fn read_entry(s: &Shared, slot: u64, e: SwapEntry, scratch: &mut Scratch) -> Result<Option<()>, ReadFail> {
-    let page = &mut scratch.page.as_mut_slice()[..PAGE_SIZE];
+/// Reads the bytes of locked entry `e` (slot `slot`) into `page`. `Ok(false)` means a zero
+/// page (nothing written to `page`). File records go through the fault thread's unit cache.
+fn read_entry(
+    s: &Shared,
+    slot: u64,
+    e: SwapEntry,
+    page: &mut [u8],
+    unit: &mut UnitCache,
+    compressed: &mut [u8],
+) -> Result<bool, ReadFail> {
+    let page = &mut page[..PAGE_SIZE];
     match e.tag() {
         Tag::Zero => {
             s.counters.swpin_zero.fetch_add(1, Ordering::Relaxed);
-            Ok(None)
+            Ok(false)
         }
         Tag::SameFilled => {
             fill_pattern(page, e.pattern());
             s.counters.swpin_samefill.fetch_add(1, Ordering::Relaxed);
-            Ok(Some(()))
+            Ok(true)
         }
         Tag::Pool => {
             let (h, len) = e.addr_len();
@@ -423,13 +723,13 @@ fn read_entry(s: &Shared, slot: u64, e: SwapEntry, scratch: &mut Scratch) -> Res
                 })?;
             }
             s.counters.zswpin.fetch_add(1, Ordering::Relaxed);
-            Ok(Some(()))
+            Ok(true)
         }
         Tag::File => {
             let file = s.file.as_ref().ok_or_else(|| ReadFail::Corrupt("file entry without a file tier".into()))?;
             let (off, len) = e.addr_len();
             let hit =
-                file.read_cached(off, len, slot, &mut scratch.unit, &mut scratch.compressed).map_err(
+                file.read_cached(off, len, slot, unit, compressed).map_err(
                     |err| match err {
                         crate::backend::file::FileError::Corrupt { .. } => {
                             s.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
@@ -447,14 +747,14 @@ fn read_entry(s: &Shared, slot: u64, e: SwapEntry, scratch: &mut Scratch) -> Res
                 s.counters.file_unit_reads.fetch_add(1, Ordering::Relaxed);
             }
             if len == PAGE_SIZE {
-                page.copy_from_slice(&scratch.compressed[..PAGE_SIZE]);
+                page.copy_from_slice(&compressed[..PAGE_SIZE]);
             } else {
-                decompress(s.config.compressor, &scratch.compressed[..len], page).map_err(|err| {
+                decompress(s.config.compressor, &compressed[..len], page).map_err(|err| {
                     ReadFail::Corrupt(format!("file record of slot {slot} does not decompress: {err}"))
                 })?;
             }
             s.counters.pswpin.fetch_add(1, Ordering::Relaxed);
-            Ok(Some(()))
+            Ok(true)
         }
         Tag::Free | Tag::Reserved | Tag::Remote => {
             Err(ReadFail::Corrupt(format!("slot {slot} is {:?}, not a placed page", e.tag())))

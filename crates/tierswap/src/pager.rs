@@ -24,6 +24,7 @@ use crate::backend::pool::Pool;
 use crate::config::{ConfigError, Hint, PagerConfig};
 use crate::page::{pages_for, pages_to_bytes, PAGE_SIZE};
 use crate::pagetable::{PageTable, PteState};
+use crate::policy::admission::Locality;
 use crate::policy::readahead::Readahead;
 use crate::stats::{Counters, Stats};
 use crate::swap::{SwapSpace, Tag, DEFAULT_MAX_SLOTS};
@@ -87,6 +88,10 @@ pub(crate) struct RegionInner {
     pub(crate) reclaim_lock: Mutex<()>,
     /// The readahead window of disk faults in this region.
     pub(crate) ra: Readahead,
+    /// Recent swap-in streams: the evidence for large swap-in.
+    pub(crate) locality: Locality,
+    /// Registered for write-protect faults: pages may come back clean, keeping their slot.
+    pub(crate) clean_tracking: bool,
 }
 
 impl RegionInner {
@@ -200,6 +205,12 @@ impl Shared {
 
     pub(crate) fn budget(&self) -> u64 {
         self.config.budget_bytes
+    }
+
+    /// Pages the budget holds: a page refaulted within this many evictions of its own
+    /// eviction would have stayed with a little more memory (workingset).
+    pub(crate) fn workingset_pages(&self) -> u64 {
+        self.budget() / PAGE_SIZE as u64
     }
 
     /// Reclaim starts above this…
@@ -469,8 +480,16 @@ impl Pager {
         }
         // SAFETY: as above.
         let _ = unsafe { sys::madvise(mirror, len, libc::MADV_DONTDUMP) };
-        let mode = RegisterMode { missing: true, wp: false, minor: false };
-        self.shared.uffd.register(start, len, mode).map_err(|e| undo(e.into()))?;
+        // Both ranges get the same mode: UFFDIO_MOVE wants equal protections on both sides.
+        // Write-protect faults let pages come back clean (keeping their slot); a kernel
+        // that refuses WP on this memory still gets everything else.
+        let mut mode = RegisterMode { missing: true, wp: self.shared.config.keep_clean, minor: false };
+        if mode.wp && self.shared.uffd.register(start, len, mode).is_err() {
+            mode.wp = false;
+        }
+        if !mode.wp {
+            self.shared.uffd.register(start, len, mode).map_err(|e| undo(e.into()))?;
+        }
         if let Err(e) = self.shared.uffd.register(mirror, len, mode) {
             let _ = self.shared.uffd.unregister(start, len);
             return Err(undo(e.into()));
@@ -491,6 +510,8 @@ impl Pager {
             dead: AtomicBool::new(false),
             reclaim_lock: Mutex::new(()),
             ra: Readahead::default(),
+            locality: Locality::default(),
+            clean_tracking: mode.wp,
         });
         self.shared.regions.write().unwrap_or_else(|e| e.into_inner()).push(inner.clone());
         Ok(Region { inner, shared: self.shared.clone(), _threads: self.threads.clone() })
@@ -683,6 +704,9 @@ impl Drop for Region {
                 PteState::Staged => staged += 1,
                 PteState::Swapped => crate::fault::put_slot(s, old.payload()),
                 PteState::None => {}
+            }
+            if let Some(kept) = old.kept_slot() {
+                crate::fault::put_slot(s, kept);
             }
             r.ptes.unlock(i, old, crate::pagetable::Pte::NONE);
         }

@@ -33,16 +33,24 @@ pub enum PteState {
 /// A page table entry.
 ///
 /// ```text
-///  63  62  61  60  59                                                 0
-/// +---+-------+---+----------------------------------------------------+
-/// | L | state | A |                   payload (60 bits)                |
-/// +---+-------+---+----------------------------------------------------+
+///  63  62  61  60  59                                             2  1   0
+/// +---+-------+---+------------------------------------------------+-------+
+/// | L | state | A |              payload (60 bits)                          |
+/// +---+-------+---+------------------------------------------------+-------+
 ///  L       lock bit: the page is in transition; only the holder changes the pte
 ///  state   0 None, 1 Present, 2 Staged, 3 Swapped
 ///  A       active: the page was refaulted from the inactive list (workingset)
-///  payload Swapped: the swap slot id; Staged: 1 if brought in by readahead and not yet
-///          used, 2 if the page was active before this round (hot once), else 0;
-///          Present: 2 if the page was active before this round, else 0
+///  payload Swapped: the swap slot id (all 60 bits).
+///          Present / Staged:
+///          +------------------------------------------------+-------+
+///          |            kept slot + 1 (58 bits)             | mark  |
+///          +------------------------------------------------+-------+
+///          kept slot: the page came back from a slot that still holds its bytes and
+///            has not been written since (clean): evicting it again reuses the slot.
+///            0 = none. A present page with a kept slot is write-protected, so a write
+///            faults and drops the slot before it lands.
+///          mark: 0 none, 1 staged by readahead and not yet used, 2 active in the
+///            previous aging round (hot once)
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Pte(u64);
@@ -55,6 +63,12 @@ impl Pte {
     /// Bits available for the payload.
     pub const PAYLOAD_BITS: u32 = 60;
     const PAYLOAD_MASK: u64 = (1 << Self::PAYLOAD_BITS) - 1;
+    const MARK_MASK: u64 = 0b11;
+    const KEPT_SHIFT: u32 = 2;
+    /// Largest slot id a present or staged pte can keep.
+    pub const MAX_KEPT_SLOT: u64 = (1 << (Self::PAYLOAD_BITS - Self::KEPT_SHIFT)) - 2;
+    const MARK_READAHEAD: u64 = 1;
+    const MARK_WAS_ACTIVE: u64 = 2;
 
     /// The `None` pte (all bits zero, which is what an untouched chunk reads as).
     pub const NONE: Pte = Pte(0);
@@ -75,6 +89,11 @@ impl Pte {
         Pte::new(PteState::Present, 0)
     }
 
+    /// A present pte of a clean page whose bytes `slot` still holds.
+    pub const fn present_clean(slot: u64) -> Pte {
+        Pte::new(PteState::Present, (slot + 1) << Self::KEPT_SHIFT)
+    }
+
     /// A staged pte.
     pub const fn staged() -> Pte {
         Pte::new(PteState::Staged, 0)
@@ -82,25 +101,53 @@ impl Pte {
 
     /// A staged pte of a page read ahead from disk, not yet used by the program.
     pub const fn staged_readahead() -> Pte {
-        Pte::new(PteState::Staged, 1)
+        Pte::new(PteState::Staged, Self::MARK_READAHEAD)
     }
 
-    /// Payload of a present or staged page that was active in the previous round.
-    pub const WAS_ACTIVE: u64 = 2;
+    const fn mark(self) -> u64 {
+        if matches!(self.state(), PteState::Present | PteState::Staged) {
+            self.payload() & Self::MARK_MASK
+        } else {
+            0
+        }
+    }
+
+    /// This present page, marked active in the previous aging round (its active bit
+    /// cleared: one more round before it may be staged). Keeps a kept slot.
+    pub const fn aged_hot(self) -> Pte {
+        Pte::new(PteState::Present, (self.payload() & !Self::MARK_MASK) | Self::MARK_WAS_ACTIVE)
+    }
 
     /// Whether the page was active in the previous aging round (present or staged).
     pub const fn was_active(self) -> bool {
-        matches!(self.state(), PteState::Present | PteState::Staged) && self.payload() == Self::WAS_ACTIVE
+        self.mark() == Self::MARK_WAS_ACTIVE
     }
 
-    /// The staged pte of this present page, keeping its was-active marker.
+    /// The staged pte of this present page, keeping its was-active mark and kept slot.
     pub const fn staged_keeping_hotness(self) -> Pte {
-        Pte::new(PteState::Staged, if self.was_active() { Self::WAS_ACTIVE } else { 0 })
+        let mark = if self.was_active() { Self::MARK_WAS_ACTIVE } else { 0 };
+        Pte::new(PteState::Staged, (self.payload() & !Self::MARK_MASK) | mark)
     }
 
     /// Whether this is a staged page read ahead and not yet used.
     pub const fn is_readahead(self) -> bool {
-        matches!(self.state(), PteState::Staged) && self.payload() == 1
+        matches!(self.state(), PteState::Staged) && self.mark() == Self::MARK_READAHEAD
+    }
+
+    /// The slot a clean present or staged page keeps, if any.
+    pub const fn kept_slot(self) -> Option<u64> {
+        if !matches!(self.state(), PteState::Present | PteState::Staged) {
+            return None;
+        }
+        match self.payload() >> Self::KEPT_SHIFT {
+            0 => None,
+            k => Some(k - 1),
+        }
+    }
+
+    /// This present or staged pte without its kept slot (the page is, or may be, dirty).
+    pub const fn without_kept_slot(self) -> Pte {
+        Pte::new(self.state(), self.payload() & Self::MARK_MASK).with_active(self.active())
     }
 
     /// A swapped pte pointing at `slot`.
@@ -360,14 +407,25 @@ mod tests {
     #[test]
     fn staged_markers_are_distinct() {
         assert!(Pte::staged_readahead().is_readahead() && !Pte::staged_readahead().was_active());
-        let hot = Pte::new(PteState::Staged, Pte::WAS_ACTIVE);
-        assert!(hot.was_active() && !hot.is_readahead());
-        assert!(Pte::new(PteState::Present, Pte::WAS_ACTIVE).was_active());
-        assert!(!Pte::swapped(Pte::WAS_ACTIVE).was_active(), "a slot id is not a marker");
+        let hot_present = Pte::present().aged_hot();
+        assert!(hot_present.was_active() && hot_present.state() == PteState::Present);
+        let hot = hot_present.staged_keeping_hotness();
+        assert!(hot.was_active() && !hot.is_readahead() && hot.state() == PteState::Staged);
+        assert!(!Pte::swapped(2).was_active(), "a slot id is not a marker");
+        assert!(!Pte::swapped(6).kept_slot().is_some(), "a slot id is not a kept slot");
         assert!(!Pte::staged().was_active() && !Pte::staged().is_readahead());
-        let hot_present = Pte::new(PteState::Present, Pte::WAS_ACTIVE);
-        assert_eq!(hot_present.staged_keeping_hotness(), hot);
         assert_eq!(Pte::present().staged_keeping_hotness(), Pte::staged());
+        // A kept slot survives aging and staging, and goes when the page may be dirty.
+        let clean = Pte::present_clean(77);
+        assert_eq!(clean.kept_slot(), Some(77));
+        assert_eq!(clean.aged_hot().kept_slot(), Some(77));
+        assert!(clean.aged_hot().was_active());
+        let staged = clean.aged_hot().staged_keeping_hotness();
+        assert_eq!((staged.kept_slot(), staged.was_active()), (Some(77), true));
+        assert_eq!(staged.without_kept_slot().kept_slot(), None);
+        assert!(staged.without_kept_slot().was_active());
+        assert_eq!(Pte::present_clean(0).kept_slot(), Some(0));
+        assert_eq!(Pte::present_clean(Pte::MAX_KEPT_SLOT).kept_slot(), Some(Pte::MAX_KEPT_SLOT));
     }
 
     use super::*;
@@ -384,6 +442,24 @@ mod tests {
             prop_assert!(!p.locked());
             prop_assert_eq!(Pte::from_raw(p.raw()), p);
             prop_assert_eq!(p.with_lock().without_lock(), p);
+        }
+
+        #[test]
+        fn kept_slot_round_trip(slot in 0u64..=Pte::MAX_KEPT_SLOT, hot: bool, active: bool, staged: bool) {
+            let mut p = Pte::present_clean(slot).with_active(active);
+            if hot {
+                p = p.aged_hot().with_active(active);
+            }
+            if staged {
+                p = p.staged_keeping_hotness().with_active(active);
+            }
+            prop_assert_eq!(p.kept_slot(), Some(slot));
+            prop_assert_eq!(p.was_active(), hot);
+            prop_assert_eq!(p.active(), active);
+            prop_assert!(!p.is_readahead());
+            let dirty = p.without_kept_slot();
+            prop_assert_eq!(dirty.kept_slot(), None);
+            prop_assert_eq!((dirty.was_active(), dirty.active(), dirty.state()), (hot, active, p.state()));
         }
     }
 

@@ -38,6 +38,27 @@ struct Reclaim {
     next_region: usize,
     last_metadata: Instant,
     warned_write_error: bool,
+    /// Staged pages reclaim aims to keep (the inactive list's size), see [`inactive_target`].
+    inactive_target: i64,
+    /// workingset_activate and pgsteal at the last target update.
+    last_activate: u64,
+    last_steal: u64,
+}
+
+/// The inactive list's new size after `activated` workingset activations among `stolen`
+/// evictions since the last update. A page refaulted soon after eviction says the inactive
+/// list let it go too early, but when refaults keep coming at a high rate (thrashing: the
+/// working set does not fit whatever the split), staging only adds a move out and back to
+/// each page: shrink the list by half, down to `min`. Otherwise grow it back toward `max`.
+pub(crate) fn inactive_target(cur: i64, activated: u64, stolen: u64, min: i64, max: i64) -> i64 {
+    if stolen < 1024 {
+        return cur.clamp(min, max);
+    }
+    if activated * 4 > stolen {
+        (cur / 2).max(min)
+    } else {
+        (cur * 2).min(max)
+    }
 }
 
 /// The reclaim thread's loop.
@@ -83,6 +104,9 @@ impl Reclaim {
             next_region: 0,
             last_metadata: Instant::now(),
             warned_write_error: false,
+            inactive_target: i64::MAX,
+            last_activate: 0,
+            last_steal: 0,
         })
     }
 
@@ -99,7 +123,25 @@ impl Reclaim {
     /// Reclaims until the footprint is under the low watermark, or nothing more can be done.
     fn run(&mut self) {
         let budget_pages = (self.s.budget() / PAGE_SIZE as u64) as i64;
-        let inactive_target = (budget_pages / 8).max(256);
+        let max_inactive = (budget_pages / 8).max(256);
+        if self.s.config.workingset {
+            let c = &self.s.counters;
+            let (act, steal) = (c.workingset_activate.load(Ordering::Relaxed), c.pgsteal.load(Ordering::Relaxed));
+            let t = inactive_target(
+                self.inactive_target.min(max_inactive),
+                act - self.last_activate,
+                steal - self.last_steal,
+                256.min(max_inactive),
+                max_inactive,
+            );
+            if steal - self.last_steal >= 1024 {
+                (self.last_activate, self.last_steal) = (act, steal);
+            }
+            self.inactive_target = t;
+        } else {
+            self.inactive_target = max_inactive;
+        }
+        let inactive_target = self.inactive_target;
         loop {
             if self.s.shutdown.load(Ordering::Acquire) {
                 return;
@@ -203,7 +245,7 @@ impl Reclaim {
             let p = r.ptes.load(i);
             if !force && p.state() == PteState::Present && p.active() && !p.locked() {
                 if let Some(old) = r.ptes.try_lock_in(i, PteState::Present) {
-                    r.ptes.unlock(i, old, Pte::new(PteState::Present, Pte::WAS_ACTIVE));
+                    r.ptes.unlock(i, old, old.aged_hot());
                 }
                 continue;
             }
@@ -293,6 +335,9 @@ impl Reclaim {
                         PteState::None => {
                             // The program dropped the page (MADV_DONTNEED): it reads as zeros.
                             self.s.present_pages.fetch_sub(1, Ordering::Relaxed);
+                            if let Some(kept) = old.kept_slot() {
+                                crate::fault::put_slot(&self.s, kept);
+                            }
                             Pte::NONE
                         }
                         PteState::Staged => {
@@ -351,15 +396,23 @@ impl Reclaim {
         let mut pages = [usize::MAX; BLOCK_PAGES];
         let mut hot = [false; BLOCK_PAGES];
         let mut n = 0;
+        let mut clean = [false; BLOCK_PAGES];
+        let mut any_clean = false;
         for i in start..end {
             if let Some(old) = r.ptes.try_lock_in(i, PteState::Staged) {
-                pages[n] = i;
-                hot[n] = old.was_active();
-                n += 1;
+                if old.kept_slot().is_some() {
+                    clean[i - start] = true;
+                    any_clean = true;
+                } else {
+                    pages[n] = i;
+                    hot[n] = old.was_active();
+                    n += 1;
+                }
             }
         }
+        let clean_evicted = if any_clean { self.evict_clean(r, start, &clean) } else { 0 };
         if n == 0 {
-            return 0;
+            return clean_evicted;
         }
         let mut slots = std::mem::take(&mut self.slots);
         slots.clear();
@@ -430,7 +483,46 @@ impl Reclaim {
         }
         self.s.staged_pages.fetch_sub(evicted as i64, Ordering::Relaxed);
         self.s.counters.pgsteal.fetch_add(evicted as u64, Ordering::Relaxed);
+        self.s.swap.note_evictions(evicted as u64);
         self.slots = slots;
+        evicted + clean_evicted
+    }
+
+    /// Evicts the locked, clean staged pages of the block at `start` (`clean[k]` for page
+    /// `start + k`): their kept slot still holds exactly their bytes (a write would have
+    /// faulted and dropped it first), so eviction is dropping the page and pointing the pte
+    /// back at the slot. No compression, no IO.
+    fn evict_clean(&mut self, r: &RegionInner, start: usize, clean: &[bool; BLOCK_PAGES]) -> usize {
+        let mut k = 0;
+        let mut evicted = 0;
+        while k < BLOCK_PAGES {
+            if !clean[k] {
+                k += 1;
+                continue;
+            }
+            let run = k;
+            while k < BLOCK_PAGES && clean[k] {
+                k += 1;
+            }
+            let addr = r.mirror_addr(start + run);
+            // SAFETY: the mirror pages of locked staged pages whose bytes their kept slots
+            // hold; nothing else refers to them.
+            let dropped = unsafe { sys::madvise(addr, (k - run) * PAGE_SIZE, libc::MADV_DONTNEED) };
+            for i in start + run..start + k {
+                let old = r.ptes.load(i);
+                match (dropped.is_ok(), old.kept_slot()) {
+                    (true, Some(slot)) => {
+                        r.ptes.unlock(i, old, Pte::swapped(slot));
+                        evicted += 1;
+                    }
+                    _ => r.ptes.unlock(i, old, old),
+                }
+            }
+        }
+        self.s.staged_pages.fetch_sub(evicted as i64, Ordering::Relaxed);
+        self.s.counters.pgsteal.fetch_add(evicted as u64, Ordering::Relaxed);
+        self.s.counters.swpout_clean.fetch_add(evicted as u64, Ordering::Relaxed);
+        self.s.swap.note_evictions(evicted as u64);
         evicted
     }
 
@@ -557,6 +649,25 @@ impl Reclaim {
             }
         }
         pending.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inactive_target;
+
+    #[test]
+    fn thrashing_shrinks_the_inactive_list_and_calm_grows_it_back() {
+        let (min, max) = (256, 8192);
+        let mut t = max;
+        for _ in 0..10 {
+            t = inactive_target(t, 3000, 4096, min, max);
+        }
+        assert_eq!(t, min);
+        t = inactive_target(t, 10, 4096, min, max);
+        assert_eq!(t, 2 * min);
+        // Too few evictions to judge: unchanged.
+        assert_eq!(inactive_target(777, 500, 600, min, max), 777);
     }
 }
 

@@ -111,6 +111,8 @@ counters! {
     faults,
     /// First-touch faults (no data yet).
     faults_first_touch,
+    /// Write-protect faults: a write to a clean page, which gives up its kept slot.
+    faults_wp,
     /// Faults served by moving a staged page back.
     faults_staged,
     /// Faults served from a swap slot.

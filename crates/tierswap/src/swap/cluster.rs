@@ -48,7 +48,9 @@ pub struct ClusterHeader {
     _pad2: u16,
     /// Fill sequence: when it last stopped being current (its age for writeback).
     pub seq: AtomicU32,
-    _pad3: u32,
+    /// The swap space's eviction clock when a slot was last allocated here (workingset:
+    /// the eviction time of the cluster's newest page; 0 = never).
+    pub evict_stamp: AtomicU32,
     /// Bit `i` set: slot `i` is in an in-memory backend (zero, same-filled, pool).
     pub in_memory: [AtomicU64; SLOTS_PER_CLUSTER / 64],
 }
@@ -98,6 +100,7 @@ impl ClusterHeader {
         self.used.store(0, Ordering::Relaxed);
         self.tenant.store(0, Ordering::Relaxed);
         self.seq.store(0, Ordering::Relaxed);
+        self.evict_stamp.store(0, Ordering::Relaxed);
         for w in &self.in_memory {
             w.store(0, Ordering::Relaxed);
         }

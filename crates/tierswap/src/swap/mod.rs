@@ -67,7 +67,13 @@ pub struct SwapSpace {
     /// Slots per tag (Free excluded).
     by_tag: [AtomicU64; 8],
     clusters_in_use: AtomicU64,
+    /// Pages evicted so far (the nonresident age of workingset detection).
+    evictions: AtomicU64,
 }
+
+/// The eviction clock ticks once per this many evictions in cluster stamps (32 bits then
+/// last 2^36 evictions, 256 TiB of swap-out, before they wrap).
+const EVICT_CLOCK_SHIFT: u32 = 4;
 
 // SAFETY: the table and headers are arrays of atomics this struct owns; all access is atomic
 // or under `alloc`.
@@ -107,6 +113,7 @@ impl SwapSpace {
             }),
             by_tag: Default::default(),
             clusters_in_use: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
         })
     }
 
@@ -205,6 +212,7 @@ impl SwapSpace {
                 },
             };
             let h = self.header(cid);
+            h.evict_stamp.store(self.evict_clock(), Ordering::Relaxed);
             let base = cid as u64 * SLOTS_PER_CLUSTER as u64;
             let got_before = got;
             for off in 0..SLOTS_PER_CLUSTER as u64 {
@@ -245,6 +253,28 @@ impl SwapSpace {
             }
         }
         Ok(got)
+    }
+
+    /// Counts `n` pages evicted (reclaim calls it; the clock of workingset detection).
+    pub fn note_evictions(&self, n: u64) {
+        self.evictions.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn evict_clock(&self) -> u32 {
+        // Never 0, which means "no stamp".
+        ((self.evictions.load(Ordering::Relaxed) >> EVICT_CLOCK_SHIFT) as u32).max(1)
+    }
+
+    /// Pages evicted since `slot`'s page was (about: its cluster's newest eviction), or
+    /// `None` when the cluster carries no stamp. An underestimate for slots older than their
+    /// cluster's newest, which errs toward activating.
+    pub fn refault_distance(&self, slot: u64) -> Option<u64> {
+        let (cid, _) = split(slot);
+        let stamp = self.header(cid).evict_stamp.load(Ordering::Relaxed);
+        if stamp == 0 {
+            return None;
+        }
+        Some((self.evict_clock().wrapping_sub(stamp) as u64) << EVICT_CLOCK_SHIFT)
     }
 
     fn take_cluster(&self, a: &mut Allocator) -> Option<u32> {
@@ -474,6 +504,19 @@ mod tests {
         s.alloc(0, 1, &mut more).unwrap();
         assert_eq!(more, vec![5]);
         assert_eq!(s.load(5).tag(), Tag::Reserved);
+    }
+
+    #[test]
+    fn refault_distance_counts_evictions_since_the_cluster_was_filled() {
+        let s = SwapSpace::new(4 * SLOTS_PER_CLUSTER as u64, 1).unwrap();
+        let mut out = Vec::new();
+        s.note_evictions(1000);
+        s.alloc(0, 1, &mut out).unwrap();
+        assert_eq!(s.refault_distance(out[0]), Some(0));
+        s.note_evictions(4096);
+        let d = s.refault_distance(out[0]).unwrap();
+        assert!((4080..=4112).contains(&d), "distance {d}");
+        free(&s, out[0]);
     }
 
     #[test]
