@@ -545,7 +545,7 @@ fn no_plaintext_reaches_the_disk_when_encrypted() {
         let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
         let page = |pg: usize| {
             let mut b = vec![0u8; PAGE];
-            if pg % 2 == 0 {
+            if pg & 1 == 0 {
                 fill_noise(&mut b, pg, 7);
             } else {
                 fill_page(&mut b, pg);

@@ -362,7 +362,9 @@ impl Sealer {
                 // ciphertext, no allocation. The tag is checked before anything is written.
                 let io = InOutBuf::new(&rec[TAG_BYTES..TAG_BYTES + len], &mut out[..len])
                     .map_err(|_| corrupt("record shorter than its length"))?;
-                key.cipher().decrypt_inout_detached(&at.nonce(), &at.aad(), io, &tag).map_err(|_| corrupt(AUTH_FAILED))?;
+                key.cipher()
+                    .decrypt_inout_detached(&at.nonce(), &at.aad(), io, &tag)
+                    .map_err(|_| corrupt(AUTH_FAILED))?;
             }
         }
         Ok(())
@@ -408,7 +410,12 @@ pub struct UnitWriter {
 impl UnitWriter {
     /// A writer for units of `unit_bytes`.
     pub fn new(unit_bytes: usize) -> io::Result<UnitWriter> {
-        Ok(UnitWriter { buf: AlignedBuf::new(unit_bytes)?, used_bytes: 0, staged: Vec::with_capacity(64), sealed: None })
+        Ok(UnitWriter {
+            buf: AlignedBuf::new(unit_bytes)?,
+            used_bytes: 0,
+            staged: Vec::with_capacity(64),
+            sealed: None,
+        })
     }
 
     /// Appends a record for `slot`; returns its offset within the unit, or `None` when the
@@ -1184,7 +1191,8 @@ mod tests {
         for round in 0..3000u64 {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let n = 1 + (x >> 59) as usize;
-            let payloads: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 64 + ((x >> (8 * (i % 7))) as usize % 4000)]).collect();
+            let payloads: Vec<Vec<u8>> =
+                (0..n).map(|i| vec![i as u8; 64 + ((x >> (8 * (i % 7))) as usize % 4000)]).collect();
             let recs = write_records(&t, &mut w, round * 64, &payloads);
             let unit = recs[0].0 / t.unit_bytes() as u64;
             let generation = t.generation_of(unit);
