@@ -617,3 +617,48 @@ fn another_user_cannot_open_the_swap_file_through_proc() {
     let mem = r.as_slice();
     assert!((0..16).all(|pg| page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg)));
 }
+
+/// What encryption adds to a disk fault end to end: 16 MiB of incompressible pages evicted
+/// to the file and read back, in order and in a scattered order, each way. Run with
+/// `cargo test --release -p tierswap --test file_tier fault_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn fault_cost_encrypted_vs_crc32c() {
+    let n = 4096;
+    for encrypt in [false, true, false, true] {
+        // A budget above the region: reading back evicts nothing meanwhile.
+        let p = Pager::new(PagerConfig {
+            budget_bytes: 64 << 20,
+            tiers: "zero,file".parse::<Tiers>().unwrap(),
+            fault_threads: 1,
+            encrypt,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+        for pg in 0..n {
+            fill_noise(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 0);
+        }
+        let mut line = format!("encrypt {encrypt:>5}:");
+        for scattered in [false, true] {
+            p.evict_all();
+            let order: Vec<usize> = if scattered { (0..n).map(|i| (i * 2053) % n).collect() } else { (0..n).collect() };
+            let t0 = std::time::Instant::now();
+            let mut sum = 0u64;
+            for &pg in &order {
+                // SAFETY: reading a page of our own region.
+                sum += unsafe { std::ptr::read_volatile(r.as_ptr().add(pg * PAGE)) } as u64;
+            }
+            let us = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
+            line += &format!(" {} {us:.2} µs/page", if scattered { "scattered" } else { "in order" });
+            std::hint::black_box(sum);
+        }
+        let mem = r.as_slice();
+        assert!((0..n).all(|pg| noise_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg, 0)));
+        let c = p.stats().counters;
+        println!(
+            "{line} (faults {}, unit reads {}, unit hits {}, read ahead {})",
+            c.faults, c.file_unit_reads, c.file_unit_hits, c.swap_ra
+        );
+    }
+}
