@@ -373,7 +373,7 @@ impl Pager {
             .map_err(io_err("cannot reserve address space for the compressed pool"))?;
         let file = if config.tiers.file {
             let dir = config.swap_dir();
-            Some(FileTier::create(&dir, config.file_unit_bytes).map_err(io_err(format!(
+            Some(FileTier::create(&dir, config.file_unit_bytes, config.encrypt).map_err(io_err(format!(
                 "cannot create the swap file in {} (give --swap-dir a writable directory on a real filesystem, or leave out the file tier)",
                 dir.display()
             )))?)
@@ -583,6 +583,13 @@ impl Pager {
         total
     }
 
+    /// The swap file, when the pager has a file tier: for tests that tamper with it behind
+    /// the pager's back or check who may open it. Not a stable interface.
+    #[doc(hidden)]
+    pub fn swap_file(&self) -> Option<&std::fs::File> {
+        self.shared.file.as_ref().map(|f| f.file())
+    }
+
     /// Waits until reclaim has brought the footprint under the budget and stopped, or
     /// `timeout` passes; says whether it settled.
     pub fn settle(&self, timeout: Duration) -> bool {
@@ -671,6 +678,27 @@ impl Region {
         // SAFETY: the mapping is ours, `len()` bytes long and lives as long as `self`;
         // `&mut self` makes this the only slice handed out through the region.
         unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len()) }
+    }
+
+    /// Where page `idx_page` is in the swap file, when it is swapped out to it: (slot, file
+    /// offset of its record, payload bytes). For tests that tamper with the file; not a
+    /// stable interface.
+    #[doc(hidden)]
+    pub fn file_record(&self, idx_page: usize) -> Option<(u64, u64, usize)> {
+        if idx_page >= self.inner.n_pages {
+            return None;
+        }
+        let pte = self.inner.ptes.load(idx_page);
+        if pte.state() != PteState::Swapped {
+            return None;
+        }
+        let slot = pte.payload();
+        let e = self.shared.swap.load(slot);
+        if e.tag() != Tag::File {
+            return None;
+        }
+        let (offset, len) = e.addr_len();
+        Some((slot, offset, len))
     }
 
     /// The pages of this region in each state: (present, staged, swapped).

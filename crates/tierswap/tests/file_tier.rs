@@ -1,7 +1,11 @@
-//! The file tier under faults: a corrupted record is never returned as data (the touching
-//! thread gets SIGBUS, other pages read fine), and a full disk loses no page.
+//! The file tier under faults: a corrupted, replayed or moved record is never returned as
+//! data (the touching thread gets SIGBUS, other pages read fine), no plaintext reaches the
+//! disk when records are encrypted, nobody else can open the swap file, and a full disk
+//! loses no page.
 
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::process::Command;
 
 use tierswap::{Hint, Pager, PagerConfig, Tiers};
@@ -28,59 +32,80 @@ fn filled_region(p: &Pager, n: usize) -> tierswap::Region {
     r
 }
 
-/// The pager's swap file, reopened through /proc/self/fd.
-fn open_swap_file() -> std::fs::File {
-    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
-        if let Ok(target) = std::fs::read_link(e.path()) {
-            let t = target.to_string_lossy().to_string();
-            if t.contains("(deleted)") || t.contains("tierswap") || t.starts_with("/tmp/#") {
-                if let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).open(e.path()) {
-                    if f.metadata().map(|m| m.len() > 0).unwrap_or(false) {
-                        return f;
-                    }
-                }
-            }
-        }
-    }
-    panic!("no swap file among this process's fds");
+/// The pager's swap file, reopened through /proc/self/fd (buffered, unlike the pager's
+/// O_DIRECT descriptor, so a test can read and write any byte).
+fn open_swap_file(p: &Pager) -> std::fs::File {
+    let fd = p.swap_file().expect("the pager has a file tier").as_raw_fd();
+    std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/self/fd/{fd}")).unwrap()
 }
 
-/// Flips one payload byte of the record of `slot` (records are parsed from the start).
-fn corrupt_record(f: &mut std::fs::File, slot: u64) -> u64 {
-    let mut data = Vec::new();
-    f.seek(SeekFrom::Start(0)).unwrap();
-    f.read_to_end(&mut data).unwrap();
-    let unit = 64 << 10;
-    for base in (0..data.len()).step_by(unit) {
-        let mut at = base;
-        while at + 16 <= data.len().min(base + unit) {
-            let magic = u16::from_le_bytes([data[at], data[at + 1]]);
-            if magic != 0x7453 {
-                break;
-            }
-            let len = u16::from_le_bytes([data[at + 2], data[at + 3]]) as usize;
-            let s = u64::from_le_bytes(data[at + 8..at + 16].try_into().unwrap());
-            if s == slot {
-                let pos = (at + 16 + len / 2) as u64;
-                f.seek(SeekFrom::Start(pos)).unwrap();
-                f.write_all(&[data[at + 16 + len / 2] ^ 0x40]).unwrap();
-                f.sync_all().unwrap();
-                return pos;
-            }
-            at += (16 + len).div_ceil(16) * 16;
-        }
-    }
-    panic!("no record for slot {slot}");
+/// Flips one bit in the middle of the payload (crc32c) or ciphertext (encrypted) of the
+/// record at `offset` with `len` payload bytes; returns the file offset of the byte.
+fn flip_record_bit(f: &std::fs::File, offset: u64, len: usize) -> u64 {
+    let pos = offset + 16 + len as u64 / 2;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, pos).unwrap();
+    f.write_all_at(&[b[0] ^ 0x40], pos).unwrap();
+    f.sync_all().unwrap();
+    pos
 }
 
-/// Runs in a child process (see the test below): evicts 64 pages to the file, corrupts
-/// page 3's record, reads every other page, then touches page 3.
-fn corrupted_child() {
+/// Runs this test binary again as a child for `test` with `env` set; returns the signal
+/// that ended it (if one did), its exit code, stdout and stderr.
+fn run_child(test: &str, env: &[(&str, String)]) -> (Option<i32>, Option<i32>, String, String) {
+    use std::os::unix::process::ExitStatusExt;
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", test, "--nocapture", "--test-threads=1"]);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    (out.status.signal(), out.status.code(), stdout, stderr)
+}
+
+/// The pager a SIGBUS handler reports on (see [`report_checksum_errors_on_sigbus`]).
+static SIGBUS_PAGER: std::sync::atomic::AtomicPtr<Pager> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+extern "C" fn on_sigbus(_sig: i32) {
+    let p = SIGBUS_PAGER.load(std::sync::atomic::Ordering::SeqCst);
+    if !p.is_null() {
+        // SAFETY: the pager outlives the child's touch (it is leaked below). Reading its
+        // counters from the handler is not async-signal-safe in general, but the thread that
+        // faulted holds no lock of ours or of the allocator: it was reading a page.
+        let n = unsafe { (*p).stats().counters.checksum_errors };
+        let line = format!("checksum_errors {n}\n");
+        // SAFETY: writing our own buffer to stdout.
+        unsafe { libc::write(1, line.as_ptr().cast(), line.len()) };
+    }
+    // SA_RESETHAND put the default action back: returning retries the access, which
+    // faults on the poisoned page again and ends the process by SIGBUS.
+}
+
+/// In a child about to touch a bad page: print the pager's checksum_errors when SIGBUS
+/// comes, then die of it as usual.
+fn report_checksum_errors_on_sigbus(p: Pager) {
+    SIGBUS_PAGER.store(Box::into_raw(Box::new(p)), std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: a zeroed sigaction with a handler of the right type; SA_RESETHAND makes it
+    // run once.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigbus as extern "C" fn(i32) as usize;
+        sa.sa_flags = libc::SA_RESETHAND;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+/// Runs in a child process (see the tests below): evicts 64 pages to the file, flips a
+/// bit of page 3's record, reads every other page, then touches page 3.
+fn corrupted_child(encrypt: bool) {
     let n = 64;
-    let (_pager, r) = all_on_disk(n);
+    let (pager, r) = all_on_disk_with(n, encrypt);
     let mem = r.as_slice();
-    let mut f = open_swap_file();
-    let pos = corrupt_record(&mut f, 3);
+    let (_, off, len) = r.file_record(3).expect("page 3 is on the file");
+    let pos = flip_record_bit(&open_swap_file(&pager), off, len);
     eprintln!("corrupted byte at file offset {pos}");
     let mut good = 0;
     for pg in (0..n).filter(|&pg| pg != 3) {
@@ -89,30 +114,57 @@ fn corrupted_child() {
     }
     println!("good pages {good}");
     std::io::stdout().flush().unwrap();
+    report_checksum_errors_on_sigbus(pager);
     // SAFETY: reading a page of our own region.
     let v = unsafe { std::ptr::read_volatile(mem.as_ptr().add(3 * PAGE + 8)) };
     println!("read corrupted page: {v}");
     std::process::exit(0);
 }
 
-#[test]
-fn corrupted_record_gives_sigbus_to_the_reader_only() {
-    if std::env::var("TIERSWAP_CORRUPT_CHILD").is_ok() {
-        corrupted_child();
-        return;
-    }
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "corrupted_record_gives_sigbus_to_the_reader_only", "--nocapture", "--test-threads=1"])
-        .env("TIERSWAP_CORRUPT_CHILD", "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(out.status.signal(), Some(libc::SIGBUS), "the reader gets SIGBUS: {stdout}\n{stderr}");
+/// The checksum_errors a child's SIGBUS handler printed (readahead that tried the bad
+/// record counts too, so it may be more than one).
+fn checksum_errors(stdout: &str) -> u64 {
+    let n = stdout.lines().find_map(|l| l.split("checksum_errors ").nth(1));
+    n.and_then(|n| n.trim().parse().ok()).unwrap_or_else(|| panic!("no checksum_errors line: {stdout}"))
+}
+
+/// Runs the corrupted child in `mode` ("crc" or "aead") for `test` and checks that only
+/// the reader of the bad page got SIGBUS, and that the log and the counter say why.
+fn expect_sigbus_for_the_corrupted_page_only(test: &str, mode: &str, why: &str) {
+    let (signal, _, stdout, stderr) = run_child(test, &[("TIERSWAP_CORRUPT_CHILD", mode.to_string())]);
+    assert_eq!(signal, Some(libc::SIGBUS), "the reader gets SIGBUS: {stdout}\n{stderr}");
     assert!(stdout.contains("good pages 63"), "every other page read correctly: {stdout}\n{stderr}");
     assert!(!stdout.contains("read corrupted page"), "no data came back: {stdout}");
-    assert!(stderr.contains("checksum mismatch") && stderr.contains("SIGBUS"), "the log names it: {stderr}");
+    assert!(checksum_errors(&stdout) >= 1, "the error is counted: {stdout}");
+    assert!(stderr.contains(why) && stderr.contains("SIGBUS"), "the log names it: {stderr}");
+}
+
+#[test]
+fn corrupted_record_gives_sigbus_to_the_reader_only() {
+    match std::env::var("TIERSWAP_CORRUPT_CHILD").as_deref() {
+        Ok("crc") => return corrupted_child(false),
+        Ok(_) => return,
+        Err(_) => {}
+    }
+    expect_sigbus_for_the_corrupted_page_only(
+        "corrupted_record_gives_sigbus_to_the_reader_only",
+        "crc",
+        "checksum mismatch",
+    );
+}
+
+#[test]
+fn flipped_ciphertext_bit_gives_sigbus_to_the_reader_only() {
+    match std::env::var("TIERSWAP_CORRUPT_CHILD").as_deref() {
+        Ok("aead") => return corrupted_child(true),
+        Ok(_) => return,
+        Err(_) => {}
+    }
+    expect_sigbus_for_the_corrupted_page_only(
+        "flipped_ciphertext_bit_gives_sigbus_to_the_reader_only",
+        "aead",
+        "authentication failed",
+    );
 }
 
 #[test]
@@ -158,8 +210,8 @@ fn a_full_disk_loses_no_page() {
 fn the_swap_file_is_private_and_unlinked() {
     use std::os::unix::fs::MetadataExt;
     let n = 16;
-    let (_pager, r) = all_on_disk(n);
-    let f = open_swap_file();
+    let (pager, r) = all_on_disk(n);
+    let f = open_swap_file(&pager);
     let m = f.metadata().unwrap();
     assert_eq!(m.mode() & 0o777, 0o600, "only the owner may read or write the swap file");
     assert_eq!(m.nlink(), 0, "the swap file has no name anyone could open");
@@ -170,17 +222,28 @@ fn the_swap_file_is_private_and_unlinked() {
 /// A pager whose evicted pages all go to the file (no pool), and a region of `n` counter
 /// pages, all evicted.
 fn all_on_disk(n: usize) -> (Pager, tierswap::Region) {
-    let p = Pager::new(PagerConfig {
-        budget_bytes: 8 << 20,
-        tiers: "zero,file".parse::<Tiers>().unwrap(),
-        fault_threads: 1,
-        ..Default::default()
-    })
-    .unwrap();
+    all_on_disk_with(n, true)
+}
+
+/// [`all_on_disk`] with records encrypted or only checksummed.
+fn all_on_disk_with(n: usize, encrypt: bool) -> (Pager, tierswap::Region) {
+    let p = disk_pager(encrypt);
     let r = filled_region(&p, n);
     p.evict_all();
     assert_eq!(r.page_states(), (0, 0, n), "every page on disk");
     (p, r)
+}
+
+/// A pager whose evicted pages all go to the file (no pool).
+fn disk_pager(encrypt: bool) -> Pager {
+    Pager::new(PagerConfig {
+        budget_bytes: 8 << 20,
+        tiers: "zero,file".parse::<Tiers>().unwrap(),
+        fault_threads: 1,
+        encrypt,
+        ..Default::default()
+    })
+    .unwrap()
 }
 
 #[test]
@@ -341,4 +404,261 @@ fn larger_file_units_mean_larger_writes() {
     assert!((0..n).all(|pg| page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg)));
     let bad = PagerConfig { file_unit_bytes: 100_000, ..Default::default() };
     assert!(Pager::new(bad).is_err(), "a unit that is not a power of two is refused");
+}
+
+/// Fills `buf` with bytes no compressor shrinks, from (`p`, `ver`): such a page goes to the
+/// file raw, so every record has the same length and units pack the same way each time.
+fn fill_noise(buf: &mut [u8], p: usize, ver: u64) {
+    let mut x = (p as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ ver.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    for w in buf.chunks_exact_mut(8) {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        w.copy_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+}
+
+fn noise_ok(buf: &[u8], p: usize, ver: u64) -> bool {
+    let mut want = [0u8; PAGE];
+    fill_noise(&mut want, p, ver);
+    buf == want
+}
+
+/// Runs in a child process (see the test below). Evicts 64 noise pages to the file, keeps
+/// the bytes of the unit holding page 3, brings every page back, writes newer bytes and
+/// evicts again (the units are rewritten at the same places), writes the old unit back over
+/// the new one, checks every page outside it, then touches replayed page number `k`.
+fn replay_child(encrypt: bool, k: usize) {
+    const UNIT: u64 = 64 << 10;
+    let n = 64;
+    let p = disk_pager(encrypt);
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    for pg in 0..n {
+        fill_noise(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 0);
+    }
+    p.evict_all();
+    let before: Vec<_> = (0..n).map(|pg| r.file_record(pg).expect("every page on the file")).collect();
+    let unit = before[3].1 / UNIT;
+    let f = open_swap_file(&p);
+    let mut old = vec![0u8; UNIT as usize];
+    let got = f.read_at(&mut old, unit * UNIT).unwrap();
+    old.truncate(got);
+    // Back in, newer bytes, out again.
+    for pg in 0..n {
+        assert!(noise_ok(&r.as_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 0), "page {pg} before the replay");
+        fill_noise(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 1);
+    }
+    p.evict_all();
+    let after: Vec<_> = (0..n).map(|pg| r.file_record(pg).expect("every page on the file again")).collect();
+    let replayed: Vec<usize> = (0..n).filter(|&pg| after[pg].1 / UNIT == unit).collect();
+    let same_place = replayed.iter().filter(|&&pg| after[pg] == before[pg]).count();
+    println!("replayed pages {replayed:?}");
+    println!("same slot, offset and length as before: {same_place} of {}", replayed.len());
+    f.write_all_at(&old, unit * UNIT).unwrap();
+    f.sync_all().unwrap();
+    let mem = r.as_slice();
+    let mut good = 0;
+    for pg in (0..n).filter(|pg| !replayed.contains(pg)) {
+        assert!(noise_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg, 1), "page {pg} outside the replayed unit");
+        good += 1;
+    }
+    println!("good pages {good}");
+    std::io::stdout().flush().unwrap();
+    let pg = replayed[k];
+    report_checksum_errors_on_sigbus(p);
+    let page = &mem[pg * PAGE..(pg + 1) * PAGE];
+    // SAFETY: reading a page of our own region (the region is not dropped before exit).
+    let first = unsafe { std::ptr::read_volatile(page.as_ptr()) };
+    let what = if noise_ok(page, pg, 0) {
+        "stale"
+    } else if noise_ok(page, pg, 1) {
+        "current"
+    } else {
+        "garbage"
+    };
+    println!("read replayed page {pg}: {what} ({first})");
+    std::process::exit(0);
+}
+
+#[test]
+fn a_replayed_unit_gives_sigbus_to_its_readers_only() {
+    const TEST: &str = "a_replayed_unit_gives_sigbus_to_its_readers_only";
+    if let Ok(v) = std::env::var("TIERSWAP_REPLAY_CHILD") {
+        let (mode, k) = v.split_once(':').unwrap();
+        return replay_child(mode == "aead", k.parse().unwrap());
+    }
+    let line = |out: &str, key: &str| -> String {
+        // A line may start with the harness's "test NAME ... ".
+        let at = |l: &str| l.find(key).map(|i| l[i + key.len()..].to_string());
+        out.lines().find_map(at).unwrap_or_else(|| panic!("no {key:?} in {out}"))
+    };
+    // Encrypted: every page of the replayed unit, one child each, gets SIGBUS.
+    let (signal, _, stdout, stderr) = run_child(TEST, &[("TIERSWAP_REPLAY_CHILD", "aead:0".into())]);
+    let replayed = line(&stdout, "replayed pages ");
+    let count = replayed.matches(',').count() + 1;
+    assert!(count >= 2, "the unit held several pages: {stdout}");
+    assert!(
+        line(&stdout, "same slot, offset and length as before: ").starts_with(&format!("{count} of")),
+        "the unit was rewritten with the same slots at the same offsets: only the generation tells the copies apart: {stdout}"
+    );
+    for k in 0..count {
+        let (signal, _, stdout, stderr) = if k == 0 {
+            (signal, None, stdout.clone(), stderr.clone())
+        } else {
+            run_child(TEST, &[("TIERSWAP_REPLAY_CHILD", format!("aead:{k}"))])
+        };
+        assert_eq!(signal, Some(libc::SIGBUS), "replayed page {k} gives SIGBUS: {stdout}\n{stderr}");
+        assert_eq!(line(&stdout, "replayed pages "), replayed, "every child replays the same unit");
+        assert_eq!(line(&stdout, "good pages "), (64 - count).to_string(), "every other page byte-exact: {stdout}");
+        assert!(!stdout.contains("read replayed page"), "no data came back: {stdout}");
+        assert!(checksum_errors(&stdout) >= 1, "the error is counted: {stdout}");
+        assert!(stderr.contains("authentication failed") && stderr.contains("SIGBUS"), "the log names it: {stderr}");
+    }
+    // The contrast: with crc32c only, the old unit passes its checks and old bytes come back.
+    let (signal, code, stdout, stderr) = run_child(TEST, &[("TIERSWAP_REPLAY_CHILD", "crc:0".into())]);
+    assert_eq!((signal, code), (None, Some(0)), "{stdout}\n{stderr}");
+    assert!(stdout.contains(": stale"), "crc32c cannot see a replay: {stdout}");
+}
+
+/// Whether `needle` occurs in `hay`.
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn no_plaintext_reaches_the_disk_when_encrypted() {
+    const CANARY: &[u8; 64] = b"tierswap plaintext canary: this must never be seen on disk.....!";
+    for encrypt in [true, false] {
+        let p = Pager::new(PagerConfig {
+            budget_bytes: 8 << 20,
+            tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
+            pool_max_bytes: Some(1 << 20),
+            fault_threads: 1,
+            encrypt,
+            ..Default::default()
+        })
+        .unwrap();
+        // Noise pages go to the file raw at eviction; counter pages compress into the pool
+        // and reach the file by writeback. Each holds the canary at byte 1000.
+        let n = 1024;
+        let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+        let page = |pg: usize| {
+            let mut b = vec![0u8; PAGE];
+            if pg & 1 == 0 {
+                fill_noise(&mut b, pg, 7);
+            } else {
+                fill_page(&mut b, pg);
+            }
+            b[1000..1064].copy_from_slice(CANARY);
+            b
+        };
+        for pg in 0..n {
+            r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE].copy_from_slice(&page(pg));
+        }
+        p.evict_all();
+        let t0 = std::time::Instant::now();
+        while p.stats().counters.zswpwb == 0 {
+            assert!(t0.elapsed().as_secs() < 30, "writeback never ran: {:?}", p.stats());
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let mut disk = Vec::new();
+        std::io::Read::read_to_end(&mut open_swap_file(&p), &mut disk).unwrap();
+        assert!(disk.len() > n / 4 * PAGE, "pages went to the file: {} bytes", disk.len());
+        if encrypt {
+            assert!(!contains(&disk, CANARY), "the canary is on disk in the clear");
+            assert!(!contains(&disk, &page(0)[2000..2064]), "raw page bytes are on disk in the clear");
+        } else {
+            assert!(contains(&disk, CANARY), "without encryption the canary is on disk (the check can fail)");
+        }
+        let mem = r.as_slice();
+        for pg in 0..n {
+            assert!(mem[pg * PAGE..(pg + 1) * PAGE] == page(pg)[..], "page {pg} (encrypt {encrypt})");
+        }
+    }
+}
+
+#[test]
+fn another_user_cannot_open_the_swap_file_through_proc() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "switching to uid 65534 needs root (CI runs as root)");
+    let (p, r) = all_on_disk(16);
+    let fd = p.swap_file().unwrap().as_raw_fd();
+    let path = format!("/proc/{}/fd/{fd}", std::process::id());
+    std::fs::File::open(&path).expect("root can open it: the path is right, so a refusal below means something");
+    let cpath = std::ffi::CString::new(path.clone()).unwrap();
+    // SAFETY: fork in a test; the child makes raw system calls only and leaves by _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: plain system calls in the single-threaded child, on memory it owns.
+        unsafe {
+            let nobody = 65534;
+            if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+                || libc::syscall(libc::SYS_setgid, nobody) != 0
+                || libc::syscall(libc::SYS_setuid, nobody) != 0
+            {
+                libc::_exit(200);
+            }
+            let fd = libc::open(cpath.as_ptr(), libc::O_RDONLY);
+            if fd >= 0 {
+                libc::_exit(0);
+            }
+            libc::_exit(*libc::__errno_location());
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(libc::WIFEXITED(status), "child ended by signal: {status:#x}");
+    let code = libc::WEXITSTATUS(status);
+    assert_ne!(code, 200, "the child could not become uid 65534");
+    assert_ne!(code, 0, "uid 65534 opened {path}");
+    assert!(code == libc::EACCES || code == libc::EPERM, "refused, but with errno {code}");
+    let mem = r.as_slice();
+    assert!((0..16).all(|pg| page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg)));
+}
+
+/// What encryption adds to a disk fault end to end: 16 MiB of incompressible pages evicted
+/// to the file and read back, in order and in a scattered order, each way. Run with
+/// `cargo test --release -p tierswap --test file_tier fault_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn fault_cost_encrypted_vs_crc32c() {
+    let n = 4096;
+    for encrypt in [false, true, false, true] {
+        // A budget above the region: reading back evicts nothing meanwhile.
+        let p = Pager::new(PagerConfig {
+            budget_bytes: 64 << 20,
+            tiers: "zero,file".parse::<Tiers>().unwrap(),
+            fault_threads: 1,
+            encrypt,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+        for pg in 0..n {
+            fill_noise(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 0);
+        }
+        let mut line = format!("encrypt {encrypt:>5}:");
+        for scattered in [false, true] {
+            p.evict_all();
+            let order: Vec<usize> = if scattered { (0..n).map(|i| (i * 2053) % n).collect() } else { (0..n).collect() };
+            let t0 = std::time::Instant::now();
+            let mut sum = 0u64;
+            for &pg in &order {
+                // SAFETY: reading a page of our own region.
+                sum += unsafe { std::ptr::read_volatile(r.as_ptr().add(pg * PAGE)) } as u64;
+            }
+            let us = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
+            line += &format!(" {} {us:.2} µs/page", if scattered { "scattered" } else { "in order" });
+            std::hint::black_box(sum);
+        }
+        let mem = r.as_slice();
+        assert!((0..n).all(|pg| noise_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg, 0)));
+        let c = p.stats().counters;
+        println!(
+            "{line} (faults {}, unit reads {}, unit hits {}, read ahead {})",
+            c.faults, c.file_unit_reads, c.file_unit_hits, c.swap_ra
+        );
+    }
 }
