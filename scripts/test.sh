@@ -6,4 +6,7 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --release --workspace --locked 2>&1 | tail -n 3
+# The fuzz targets (crates/tierswap/tests/fuzz.rs) share this many seconds of CPU, about half
+# of it in wall time on two test threads; docs/fuzzing.md.
+export TIERSWAP_FUZZ_SECS="${TIERSWAP_FUZZ_SECS:-64}"
 cargo test --release --workspace --locked -- --test-threads=2

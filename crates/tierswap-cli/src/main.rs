@@ -144,10 +144,15 @@ fn main() -> ExitCode {
     match res {
         Ok(code) => code,
         Err(UserError(msg)) => {
-            eprintln!("tierswap: {msg}");
+            eprintln!("tierswap: {}", one_line(&msg));
             ExitCode::from(2)
         }
     }
+}
+
+/// The message on one line: control characters (a newline in a user's value) shown escaped.
+fn one_line(msg: &str) -> String {
+    msg.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
 }
 
 fn bench(b: Bench) -> Result<ExitCode, UserError> {

@@ -274,7 +274,8 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
     if num.contains('.') {
         let v: f64 = num.parse().map_err(|_| err())?;
         let bytes = v * (1u64 << shift) as f64;
-        if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        // `u64::MAX as f64` is 2^64, one past the largest u64: reject it too.
+        if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
             return Err(err());
         }
         return Ok(bytes.round() as u64);
