@@ -104,7 +104,7 @@ pub fn run(plan: &Plan, engines: &mut [Box<dyn Engine>], log: &mut dyn FnMut(&st
                 match result {
                     Ok(r) => {
                         log(&format!(
-                            "{:<16} {:<13} run {}: refault {:.3} s, {} pages verified, {} mismatches",
+                            "{:<16} {:<24} run {}: refault {:.3} s, {} pages verified, {} mismatches",
                             w.name(),
                             r.engine,
                             run + 1,
@@ -158,7 +158,7 @@ mod tests {
             if self.available {
                 Ok(())
             } else {
-                Err(EngineError::Unavailable { engine: self.kind.name(), reason: "not here".into() })
+                Err(EngineError::Unavailable { engine: self.kind.name().into(), reason: "not here".into() })
             }
         }
         fn run(&mut self, spec: &RunSpec) -> Result<RunResult, EngineError> {
@@ -166,13 +166,16 @@ mod tests {
             let step = if self.script.is_empty() { "ok" } else { self.script.remove(0) };
             if step == "oom" {
                 return Err(EngineError::OomKilled {
-                    engine: self.kind.name(),
+                    engine: self.kind.name().into(),
                     workload: spec.workload.name().into(),
                     budget_mib: 1,
                 });
             }
             if step == "skip" {
-                return Err(EngineError::Unavailable { engine: self.kind.name(), reason: "not this workload".into() });
+                return Err(EngineError::Unavailable {
+                    engine: self.kind.name().into(),
+                    reason: "not this workload".into(),
+                });
             }
             Ok(RunResult {
                 workload: spec.workload.name().into(),

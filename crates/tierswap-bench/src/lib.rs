@@ -16,9 +16,11 @@ pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod tierswap_engine;
+pub mod variant;
 pub mod vmstat;
 pub mod workload;
 
+pub use variant::EngineSpec;
 pub use workload::WorkloadKind;
 
 /// Which engine a run used.
@@ -85,7 +87,7 @@ pub struct RunSpec {
 pub struct RunResult {
     /// The workload's name.
     pub workload: String,
-    /// The engine's name.
+    /// The engine's label: its name, or a variant's spec such as `tierswap:policy=order0`.
     pub engine: String,
     /// Run number.
     pub run: usize,
@@ -130,6 +132,10 @@ pub struct RunResult {
     pub kernel_vmstat: BTreeMap<String, u64>,
     /// Compressor used (lz4 for tierswap and zram, zswap's for kernel-zswap).
     pub compressor: String,
+    /// tierswap: the configuration the run used (the flags with the variant's settings
+    /// applied); null for the kernel engines.
+    #[serde(default)]
+    pub pager: serde_json::Value,
 }
 
 /// Why an engine did not run.
@@ -138,16 +144,16 @@ pub enum EngineError {
     /// The machine does not allow this engine (not root, no zram, no cgroup…): skip it.
     #[error("{engine} skipped: {reason}")]
     Unavailable {
-        /// The engine.
-        engine: &'static str,
+        /// The engine's label.
+        engine: String,
         /// One line: why.
         reason: String,
     },
     /// The kernel's OOM killer ended the run inside the memcg (the lab retries once).
     #[error("{engine} was OOM-killed on {workload} inside the {budget_mib} MiB memcg")]
     OomKilled {
-        /// The engine.
-        engine: &'static str,
+        /// The engine's label.
+        engine: String,
         /// The workload.
         workload: String,
         /// The memcg limit.
@@ -156,8 +162,8 @@ pub enum EngineError {
     /// The run itself failed.
     #[error("{engine} failed on {workload}: {reason}")]
     Failed {
-        /// The engine.
-        engine: &'static str,
+        /// The engine's label.
+        engine: String,
         /// The workload.
         workload: String,
         /// What went wrong.
@@ -169,6 +175,10 @@ pub enum EngineError {
 pub trait Engine {
     /// Which engine this is.
     fn kind(&self) -> EngineKind;
+    /// The name in reports: the engine's, or a variant's spec.
+    fn label(&self) -> String {
+        self.kind().name().to_string()
+    }
     /// Sets the engine up for the whole invocation (swap devices, cgroups…). Everything it
     /// changes must be put back by [`Engine::teardown`], by `Drop`, and on SIGINT/SIGTERM.
     fn setup(&mut self) -> Result<(), EngineError>;
@@ -191,10 +201,10 @@ impl Engine for Missing {
         self.kind
     }
     fn setup(&mut self) -> Result<(), EngineError> {
-        Err(EngineError::Unavailable { engine: self.kind.name(), reason: self.reason.clone() })
+        Err(EngineError::Unavailable { engine: self.kind.name().into(), reason: self.reason.clone() })
     }
     fn run(&mut self, _: &RunSpec) -> Result<RunResult, EngineError> {
-        Err(EngineError::Unavailable { engine: self.kind.name(), reason: self.reason.clone() })
+        Err(EngineError::Unavailable { engine: self.kind.name().into(), reason: self.reason.clone() })
     }
     fn teardown(&mut self) {}
 }
@@ -208,10 +218,11 @@ pub struct KernelOptions {
     pub zswap_max_pool_percent: Option<u32>,
 }
 
-/// The engine of `kind`.
-pub fn make_engine(kind: EngineKind, progress: bool, kernel: &KernelOptions) -> Box<dyn Engine> {
-    match kind {
-        EngineKind::Tierswap => Box::new(tierswap_engine::TierswapEngine { progress }),
+/// The engine an `--engine` entry names; a tierswap variant applies its settings to each
+/// run's configuration.
+pub fn make_engine(spec: &EngineSpec, progress: bool, kernel: &KernelOptions) -> Box<dyn Engine> {
+    match spec.kind {
+        EngineKind::Tierswap => Box::new(tierswap_engine::TierswapEngine::new(spec.clone(), progress)),
         k => Box::new(kernel::KernelEngine::new(k, kernel.clone())),
     }
 }

@@ -1,5 +1,6 @@
 //! Plots: one PNG per workload, median refault time and µs per page per engine with
-//! min–max error bars, readable at a glance.
+//! min–max error bars, readable at a glance. A tierswap variant (`tierswap:policy=order0`)
+//! is a bar of its own in a colour of its own, its label split at ':' onto lines.
 
 use std::path::{Path, PathBuf};
 
@@ -19,12 +20,26 @@ fn register_font() -> Result<(), String> {
         .map_err(|_| format!("{FONT_PATH} is not a usable TrueType font"))
 }
 
-fn color(engine: &str) -> RGBColor {
+/// Colours of tierswap variants, in the order the variants first appear.
+const VARIANT_COLORS: [RGBColor; 5] = [
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x17, 0xbe, 0xcf),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
+];
+
+/// The engine's colour; `variants` lists the tierswap variants of the whole report, so a
+/// variant has the same colour in every workload's plot.
+fn color(engine: &str, variants: &[&str]) -> RGBColor {
     match engine {
         "tierswap" => RGBColor(0x1f, 0x77, 0xb4),
         "kernel-zswap" => RGBColor(0xff, 0x7f, 0x0e),
         "kernel-zram" => RGBColor(0x2c, 0xa0, 0x2c),
-        _ => RGBColor(0x7f, 0x7f, 0x7f),
+        e => match variants.iter().position(|v| *v == e) {
+            Some(i) => VARIANT_COLORS[i % VARIANT_COLORS.len()],
+            None => RGBColor(0x7f, 0x7f, 0x7f),
+        },
     }
 }
 
@@ -38,11 +53,18 @@ pub fn write_plots(dir: &Path, title: &str, summaries: &[Summary]) -> Result<Vec
             workloads.push(&s.workload);
         }
     }
+    let mut variants: Vec<&str> = Vec::new();
+    for s in summaries {
+        if s.engine.starts_with("tierswap:") && !variants.contains(&s.engine.as_str()) {
+            variants.push(&s.engine);
+        }
+    }
     let mut files = Vec::new();
     for w in workloads {
         let rows: Vec<&Summary> = summaries.iter().filter(|s| s.workload == w).collect();
         let path = dir.join(format!("{w}.png"));
-        draw(&path, &format!("{w} — {title}"), &rows).map_err(|e| format!("cannot draw {}: {e}", path.display()))?;
+        draw(&path, &format!("{w} — {title}"), &rows, &variants)
+            .map_err(|e| format!("cannot draw {}: {e}", path.display()))?;
         files.push(path);
     }
     Ok(files)
@@ -50,10 +72,13 @@ pub fn write_plots(dir: &Path, title: &str, summaries: &[Summary]) -> Result<Vec
 
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
 
-fn draw(path: &Path, title: &str, rows: &[&Summary]) -> DrawResult {
-    let root = BitMapBackend::new(path, (1200, 520)).into_drawing_area();
+fn draw(path: &Path, title: &str, rows: &[&Summary], variants: &[&str]) -> DrawResult {
+    // About 140 px per bar in each of the two panels, so labels stay apart.
+    let width = 1200.max(rows.len() as u32 * 280 + 160);
+    let label_lines = rows.iter().map(|s| s.engine.split(':').count()).max().unwrap_or(1);
+    let root = BitMapBackend::new(path, (width, 480 + 20 * label_lines as u32)).into_drawing_area();
     root.fill(&WHITE)?;
-    let root = root.titled(title, ("sans-serif", 22))?;
+    let root = root.titled(title, ("sans-serif", 18))?;
     let panels = root.split_evenly((1, 2));
     let metrics: [(&str, fn(&Summary) -> (f64, f64, f64)); 2] = [
         ("refault time (s), median and min–max", |s| (s.refault_s.median, s.refault_s.min, s.refault_s.max)),
@@ -64,7 +89,7 @@ fn draw(path: &Path, title: &str, rows: &[&Summary]) -> DrawResult {
     for (panel, (label, get)) in panels.iter().zip(metrics) {
         let top = rows.iter().map(|s| get(s).2).fold(0.0f64, f64::max).max(1e-9) * 1.15;
         let n = rows.len();
-        let bottom = -top * 0.09;
+        let bottom = -top * (0.04 + 0.05 * label_lines as f64);
         let mut chart = ChartBuilder::on(panel)
             .margin(16)
             .caption(label, ("sans-serif", 17))
@@ -87,7 +112,7 @@ fn draw(path: &Path, title: &str, rows: &[&Summary]) -> DrawResult {
             let c = i as f64 + 0.5;
             chart.draw_series(std::iter::once(Rectangle::new(
                 [(i as f64 + 0.15, 0.0), (i as f64 + 0.85, med)],
-                color(&s.engine).filled(),
+                color(&s.engine, variants).filled(),
             )))?;
             // Whisker from min to max with caps.
             let style = BLACK.stroke_width(2);
@@ -101,11 +126,14 @@ fn draw(path: &Path, title: &str, rows: &[&Summary]) -> DrawResult {
                 (i as f64 + 0.18, hi + top * 0.035),
                 ("sans-serif", 15).into_font(),
             )))?;
-            chart.draw_series(std::iter::once(Text::new(
-                s.engine.clone(),
-                (i as f64 + 0.18, bottom * 0.35),
-                ("sans-serif", 15).into_font(),
-            )))?;
+            // One line per ':'-part: "tierswap" over "policy=order0".
+            for (k, part) in s.engine.split(':').enumerate() {
+                chart.draw_series(std::iter::once(Text::new(
+                    part.to_string(),
+                    (i as f64 + 0.18, -top * (0.02 + 0.05 * k as f64)),
+                    ("sans-serif", 15).into_font(),
+                )))?;
+            }
         }
     }
     root.present()?;

@@ -1,5 +1,7 @@
-//! Reports: medians and spreads per workload and engine, ratios to the kernel, the table
-//! and the JSON document.
+//! Reports: medians and spreads per workload and engine, ratios to the kernel and of
+//! tierswap's variants to plain tierswap, the tables and the JSON document.
+
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
@@ -31,6 +33,23 @@ impl Spread {
     }
 }
 
+/// tierswap's counters that show whether its swap-in and reclaim policies acted: the
+/// second table prints their medians per workload and tierswap engine.
+pub const POLICY_COUNTERS: [&str; 7] = [
+    "swpin_large",
+    "swpin_large_pages",
+    "swpin_large_fallback",
+    "fault_around_pages",
+    "swpout_clean",
+    "workingset_refault",
+    "workingset_activate",
+];
+
+/// Whether `engine` is a tierswap variant (`tierswap:…`), compared with plain `tierswap`.
+fn is_tierswap_variant(engine: &str) -> bool {
+    engine.starts_with("tierswap:")
+}
+
 /// One workload on one engine, over its runs.
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {
@@ -60,8 +79,15 @@ pub struct Summary {
     pub refault_vs_zram: Option<f64>,
     /// Median swap-out ÷ kernel-zswap's.
     pub swapout_vs_zswap: Option<f64>,
+    /// tierswap variants: plain tierswap's median refault ÷ this variant's, same workload
+    /// (below 1: plain tierswap is faster).
+    pub tierswap_refault_over_this: Option<f64>,
     /// Free seconds (usemem).
     pub free_s: Spread,
+    /// Faults in the refault phase, where the engine counts them (tierswap).
+    pub refault_faults: Spread,
+    /// Medians of [`POLICY_COUNTERS`] over the runs (tierswap engines; empty for the kernel's).
+    pub policy_counters: BTreeMap<String, f64>,
 }
 
 /// Summaries in the order the workloads and engines first appear in `results`.
@@ -107,7 +133,18 @@ pub fn summarize(results: &[RunResult]) -> Vec<Summary> {
                     refault_vs_zswap: None,
                     refault_vs_zram: None,
                     swapout_vs_zswap: None,
+                    tierswap_refault_over_this: None,
                     free_s: col(&|r| r.free_s),
+                    refault_faults: col(&|r| r.refault_faults as f64),
+                    policy_counters: POLICY_COUNTERS
+                        .iter()
+                        .filter(|name| rs.iter().any(|r| r.counters.contains_key(**name)))
+                        .map(|name| {
+                            let xs: Vec<f64> =
+                                rs.iter().map(|r| r.counters.get(*name).copied().unwrap_or(0) as f64).collect();
+                            (name.to_string(), Spread::of(&xs).median)
+                        })
+                        .collect(),
                 }
             })
             .collect();
@@ -124,6 +161,11 @@ pub fn summarize(results: &[RunResult]) -> Vec<Summary> {
         if let Some((rz, _)) = base(&out, &w, "kernel-zram") {
             out[i].refault_vs_zram = ratio(out[i].refault_s.median, rz);
         }
+        if is_tierswap_variant(&out[i].engine) {
+            if let Some((rt, _)) = base(&out, &w, "tierswap") {
+                out[i].tierswap_refault_over_this = ratio(rt, out[i].refault_s.median);
+            }
+        }
     }
     out
 }
@@ -136,13 +178,25 @@ fn opt_ratio(r: Option<f64>) -> String {
     r.map_or("–".into(), |r| format!("{r:.2}"))
 }
 
-/// The table, as printed.
+/// Width of the engine column: the longest label, at least 13.
+fn engine_width(summaries: &[Summary]) -> usize {
+    summaries.iter().map(|x| x.engine.chars().count()).max().unwrap_or(0).max(13)
+}
+
+/// The table, as printed: the main table, then tierswap's policy counters if any ran.
 pub fn table(machine: &Machine, header: &str, summaries: &[Summary]) -> String {
+    let ew = engine_width(summaries);
+    let variants = summaries.iter().any(|x| is_tierswap_variant(&x.engine));
     let mut s = String::new();
     s.push_str(&format!("# {}\n# {}\n", machine.summary(), header));
     s.push_str("# medians over runs, (min–max); ÷zswap ÷zram: this engine's median refault ÷ that kernel engine's; out÷zsw: the same for swap-out\n");
+    if variants {
+        s.push_str(
+            "# ts÷: plain tierswap's median refault ÷ this tierswap variant's (below 1: plain tierswap is faster)\n",
+        );
+    }
     s.push_str(&format!(
-        "{:<16} {:<13} {:>4} {:>22} {:>22} {:>20} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} {:>8}\n",
+        "{:<16} {:<ew$} {:>4} {:>22} {:>22} {:>20} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} {:>8}{}\n",
         "workload",
         "engine",
         "runs",
@@ -155,11 +209,12 @@ pub fn table(machine: &Machine, header: &str, summaries: &[Summary]) -> String {
         "free s",
         "÷zswap",
         "÷zram",
-        "out÷zsw"
+        "out÷zsw",
+        if variants { format!(" {:>6}", "ts÷") } else { String::new() },
     ));
     for x in summaries {
         s.push_str(&format!(
-            "{:<16} {:<13} {:>4} {:>22} {:>22} {:>20} {:>7} {:>7.3} {:>8} {:>8} {:>7} {:>7} {:>8}\n",
+            "{:<16} {:<ew$} {:>4} {:>22} {:>22} {:>20} {:>7} {:>7.3} {:>8} {:>8} {:>7} {:>7} {:>8}{}\n",
             x.workload,
             x.engine,
             x.runs,
@@ -173,7 +228,36 @@ pub fn table(machine: &Machine, header: &str, summaries: &[Summary]) -> String {
             opt_ratio(x.refault_vs_zswap),
             opt_ratio(x.refault_vs_zram),
             opt_ratio(x.swapout_vs_zswap),
+            if variants { format!(" {:>6}", opt_ratio(x.tierswap_refault_over_this)) } else { String::new() },
         ));
+    }
+    s.push_str(&policy_table(summaries));
+    s
+}
+
+/// The second table: per tierswap engine, the refault phase's faults and the medians of
+/// [`POLICY_COUNTERS`] over the whole run. Empty when no tierswap engine ran.
+pub fn policy_table(summaries: &[Summary]) -> String {
+    let rows: Vec<&Summary> = summaries.iter().filter(|x| !x.policy_counters.is_empty()).collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let ew = engine_width(summaries);
+    let mut s = String::from(
+        "\n# tierswap policy counters: medians over runs; faults of the refault phase, the others over the whole run\n",
+    );
+    s.push_str(&format!("{:<16} {:<ew$} {:>4} {:>9}", "workload", "engine", "runs", "faults"));
+    for name in POLICY_COUNTERS {
+        s.push_str(&format!(" {name:>w$}", w = name.len().max(9)));
+    }
+    s.push('\n');
+    for x in rows {
+        s.push_str(&format!("{:<16} {:<ew$} {:>4} {:>9.0}", x.workload, x.engine, x.runs, x.refault_faults.median));
+        for name in POLICY_COUNTERS {
+            let v = x.policy_counters.get(name).map_or("–".into(), |v| format!("{v:.0}"));
+            s.push_str(&format!(" {v:>w$}", w = name.len().max(9)));
+        }
+        s.push('\n');
     }
     s
 }
@@ -234,5 +318,42 @@ mod tests {
         assert!((s[0].refault_us_per_page.median - 2000.0).abs() < 1e-9);
         let t = table(&Machine::default(), "test", &s);
         assert!(t.contains("seq64") && t.contains("0.50"));
+        assert!(!t.contains("ts÷") && !t.contains("policy counters"), "no variant, no tierswap counters: {t}");
+    }
+
+    #[test]
+    fn variants_compare_with_plain_tierswap_and_show_their_counters() {
+        let counted = |e: &str, refault_s: f64, large: u64| {
+            let mut r = run("thrash", e, refault_s);
+            r.refault_faults = 10;
+            r.counters = POLICY_COUNTERS.iter().map(|n| (n.to_string(), 0)).collect();
+            r.counters.insert("swpin_large".into(), large);
+            r.counters.insert("swpout_clean".into(), 7);
+            r
+        };
+        let rs = vec![
+            counted("tierswap", 1.0, 100),
+            counted("tierswap:policy=order0", 4.0, 0),
+            run("thrash", "kernel-zswap", 2.0),
+            counted("tierswap", 3.0, 300),
+            counted("tierswap:policy=order0", 4.0, 0),
+            run("thrash", "kernel-zswap", 2.0),
+        ];
+        let s = summarize(&rs);
+        assert_eq!(s[0].tierswap_refault_over_this, None, "plain tierswap is the reference");
+        assert_eq!(s[1].engine, "tierswap:policy=order0");
+        assert_eq!(s[1].tierswap_refault_over_this, Some(0.5), "2.0 ÷ 4.0");
+        assert_eq!(s[1].refault_vs_zswap, Some(2.0), "variants get the kernel ratios too");
+        assert_eq!(s[2].tierswap_refault_over_this, None);
+        assert_eq!(s[0].policy_counters["swpin_large"], 200.0);
+        assert_eq!(s[1].policy_counters["swpout_clean"], 7.0);
+        assert!(s[2].policy_counters.is_empty(), "the kernel has no tierswap counters");
+        let t = table(&Machine::default(), "test", &s);
+        assert!(t.contains("ts÷") && t.contains("tierswap policy counters"), "{t}");
+        let row = t.lines().find(|l| l.starts_with("thrash") && l.contains("order0") && l.contains("0.50")).unwrap();
+        assert!(row.ends_with("0.50"), "{row}");
+        let counters: Vec<&str> = t.lines().skip_while(|l| !l.contains("policy counters")).collect();
+        assert_eq!(counters.len(), 4, "comment, header, two tierswap rows: {counters:?}");
+        assert!(counters[2].contains(" 200 ") && counters[2].contains(" 10 "), "{}", counters[2]);
     }
 }

@@ -1,4 +1,6 @@
-//! tierswap as a lab engine: the workload runs in this process on a pager's region.
+//! tierswap as a lab engine: the workload runs in this process on a pager's region. A
+//! variant (`tierswap:policy=order0`) is this engine with its settings applied to each run's
+//! configuration, reported under its own label.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -9,13 +11,27 @@ use tierswap::{Pager, PagerConfig, Tier};
 use crate::progress::Progress;
 use crate::vmstat::{read_vmstat, vmstat_delta};
 use crate::workload::{self, Mem, WorkloadKind};
-use crate::{Engine, EngineError, EngineKind, RunResult, RunSpec};
+use crate::{Engine, EngineError, EngineKind, EngineSpec, RunResult, RunSpec};
 
-/// Runs workloads on tierswap.
-#[derive(Default)]
+/// Runs workloads on tierswap, or on one variant of it.
 pub struct TierswapEngine {
+    /// The `--engine` entry: label and settings.
+    variant: EngineSpec,
     /// Show progress bars.
-    pub progress: bool,
+    progress: bool,
+}
+
+impl TierswapEngine {
+    /// The engine of `variant` (plain `tierswap` or `tierswap:…`).
+    pub fn new(variant: EngineSpec, progress: bool) -> TierswapEngine {
+        TierswapEngine { variant, progress }
+    }
+}
+
+impl Default for TierswapEngine {
+    fn default() -> Self {
+        TierswapEngine::new(EngineSpec::plain(EngineKind::Tierswap), false)
+    }
 }
 
 impl Engine for TierswapEngine {
@@ -23,16 +39,25 @@ impl Engine for TierswapEngine {
         EngineKind::Tierswap
     }
 
+    fn label(&self) -> String {
+        self.variant.label().to_string()
+    }
+
     fn setup(&mut self) -> Result<(), EngineError> {
         tierswap::uffd::Uffd::new(tierswap::uffd::features::MOVE, true)
             .map(|_| ())
-            .map_err(|e| EngineError::Unavailable { engine: "tierswap", reason: e.to_string() })
+            .map_err(|e| EngineError::Unavailable { engine: self.label(), reason: e.to_string() })
     }
 
     fn run(&mut self, spec: &RunSpec) -> Result<RunResult, EngineError> {
-        let fail =
-            |reason: String| EngineError::Failed { engine: "tierswap", workload: spec.workload.name().into(), reason };
-        let config = PagerConfig { budget_bytes: spec.budget_bytes, ..spec.pager.clone() };
+        let label = self.label();
+        let fail = |reason: String| EngineError::Failed {
+            engine: label.clone(),
+            workload: spec.workload.name().into(),
+            reason,
+        };
+        let config = PagerConfig { budget_bytes: spec.budget_bytes, ..self.variant.pager(&spec.pager) };
+        let config_json = serde_json::to_value(&config).unwrap_or_default();
         let pager = Arc::new(Pager::new(config).map_err(|e| fail(e.to_string()))?);
         let mut region =
             pager.region(spec.size_bytes as usize, spec.workload.hint()).map_err(|e| fail(e.to_string()))?;
@@ -53,7 +78,7 @@ impl Engine for TierswapEngine {
         };
 
         let vm0 = read_vmstat();
-        let bar = Progress::new(self.progress, n_pages, &format!("{} fill", spec.workload.name()));
+        let bar = Progress::new(self.progress, n_pages, &format!("{} {label} fill", spec.workload.name()));
         let t0 = Instant::now();
         workload::fill(spec.workload, mem, spec.threads, &|n| bar.set(n));
         let fill_s = t0.elapsed().as_secs_f64();
@@ -67,7 +92,7 @@ impl Engine for TierswapEngine {
         } else {
             workload::refault_order(spec.workload, n_pages as usize).len() as u64
         };
-        let bar = Progress::new(self.progress, order_len, &format!("{} refault", spec.workload.name()));
+        let bar = Progress::new(self.progress, order_len, &format!("{} {label} refault", spec.workload.name()));
         let t1 = Instant::now();
         let drainer = (spec.workload == WorkloadKind::Drain).then(|| {
             let pager = pager.clone();
@@ -112,7 +137,7 @@ impl Engine for TierswapEngine {
         let footprint_max = peak.load(Ordering::Relaxed).max(after.counters.footprint_max);
         Ok(RunResult {
             workload: spec.workload.name().into(),
-            engine: EngineKind::Tierswap.name().into(),
+            engine: label.clone(),
             run: spec.run,
             size_bytes: spec.size_bytes,
             budget_bytes: spec.budget_bytes,
@@ -132,6 +157,7 @@ impl Engine for TierswapEngine {
             counters: after.counters.pairs().into_iter().map(|(k, v)| (k.to_string(), v)).chain(extra).collect(),
             kernel_vmstat: vmstat_delta(&vm0, &vm1),
             compressor: format!("{:?}", spec.pager.compressor).to_lowercase(),
+            pager: config_json,
         })
     }
 

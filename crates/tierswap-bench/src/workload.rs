@@ -31,6 +31,12 @@ pub enum WorkloadKind {
     Concurrent,
     /// In-order refault while the file tier is drained ("swapoff"); tierswap only.
     Drain,
+    /// DESIGN §9's seq refault kept under the budget: read every page in order, three passes,
+    /// so pages come in and go out again unwritten (clean-page reuse).
+    Thrash,
+    /// Pages of mixed content in every 64K block (zero, same-filled, compressible,
+    /// incompressible), so a large swap-in meets a range spread over tiers.
+    Mixed,
 }
 
 /// A span of memory a workload runs on: a raw pointer so that threads can share it
@@ -62,7 +68,7 @@ pub struct Verify {
 
 impl WorkloadKind {
     /// Every workload, in report order.
-    pub const ALL: [WorkloadKind; 12] = [
+    pub const ALL: [WorkloadKind; 14] = [
         WorkloadKind::Usama1g,
         WorkloadKind::Seq64,
         WorkloadKind::Seq64Hint,
@@ -75,6 +81,8 @@ impl WorkloadKind {
         WorkloadKind::Usemem,
         WorkloadKind::Concurrent,
         WorkloadKind::Drain,
+        WorkloadKind::Thrash,
+        WorkloadKind::Mixed,
     ];
 
     /// The seed suite of the reference threads (everything but `random`).
@@ -106,6 +114,8 @@ impl WorkloadKind {
             WorkloadKind::Usemem => "usemem",
             WorkloadKind::Concurrent => "concurrent",
             WorkloadKind::Drain => "drain",
+            WorkloadKind::Thrash => "thrash",
+            WorkloadKind::Mixed => "mixed",
         }
     }
 
@@ -125,6 +135,13 @@ impl WorkloadKind {
             WorkloadKind::Concurrent => "in-order refault, one thread per CPU on its own range",
             WorkloadKind::Drain => {
                 "in-order refault while tierswap drains its file tier into the pool (swapoff); tierswap only"
+            }
+            WorkloadKind::Thrash => {
+                "read every page in order 3 times under the budget (pages go out again unwritten), verify each pass"
+            }
+            WorkloadKind::Mixed => {
+                "every 64K block mixes zero, same-filled, compressible and incompressible pages; refault in order \
+                 (a small --pool-max splits blocks between pool and file)"
             }
         }
     }
@@ -155,6 +172,7 @@ impl WorkloadKind {
             WorkloadKind::Zero => Data::Zero,
             WorkloadKind::Samefill => Data::Fill(0xff),
             WorkloadKind::Random => Data::Random,
+            WorkloadKind::Mixed => Data::Mixed,
             _ => Data::Counter,
         }
     }
@@ -181,6 +199,21 @@ enum Data {
     Counter,
     /// xorshift bytes seeded by the page index: incompressible.
     Random,
+    /// Each page one of the above, chosen by [`mixed_kind`]: every 64K block holds all four.
+    Mixed,
+}
+
+/// Which data page `p` of the `mixed` workload holds. Within a 64K block of 16 pages: 3 zero,
+/// 3 same-filled (a byte that varies by page, never 0), 8 counter, 2 random; the pattern is
+/// rotated by the block number so that no page offset always holds the same kind.
+fn mixed_kind(p: usize) -> Data {
+    let slot = (p % BLOCK_PAGES + p / BLOCK_PAGES) % BLOCK_PAGES;
+    match slot {
+        0..=2 => Data::Zero,
+        3..=5 => Data::Fill((p % 255) as u8 + 1),
+        6..=13 => Data::Counter,
+        _ => Data::Random,
+    }
 }
 
 const PAGE: usize = 4096;
@@ -197,6 +230,7 @@ fn page_content(data: Data, p: usize, out: &mut [u8]) {
                 w.copy_from_slice(&(base + i as u64).to_le_bytes());
             }
         }
+        Data::Mixed => page_content(mixed_kind(p), p, out),
         Data::Random => {
             let mut x = (p as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
             for w in out.chunks_exact_mut(8) {
@@ -230,7 +264,11 @@ fn shuffled(n: usize) -> Vec<usize> {
     v
 }
 
-/// The pages the refault phase touches, in order, for a range of `n_pages` pages.
+/// Passes of the `thrash` workload over its range.
+pub const THRASH_PASSES: usize = 3;
+
+/// The pages the refault phase touches, in order, for a range of `n_pages` pages. A page
+/// may come more than once (`thrash`); each touch is verified.
 pub fn refault_order(kind: WorkloadKind, n_pages: usize) -> Vec<usize> {
     let n_blocks = n_pages.div_ceil(BLOCK_PAGES);
     match kind {
@@ -243,6 +281,7 @@ pub fn refault_order(kind: WorkloadKind, n_pages: usize) -> Vec<usize> {
             .into_iter()
             .flat_map(|b| (b * BLOCK_PAGES)..((b + 1) * BLOCK_PAGES).min(n_pages))
             .collect(),
+        WorkloadKind::Thrash => (0..THRASH_PASSES).flat_map(|_| 0..n_pages).collect(),
         _ => (0..n_pages).collect(),
     }
 }
@@ -347,11 +386,13 @@ mod tests {
             let want = refault_order(kind, 1024).len() as u64;
             let want = if kind.is_threaded() { 1024 } else { want };
             assert_eq!(v.pages_verified, want, "{}", kind.name());
-            // One flipped byte is one mismatching page, wherever it is touched.
-            let p = refault_order(kind, 1024)[3];
+            // One flipped byte is one mismatching page each time that page is touched.
+            let order = refault_order(kind, 1024);
+            let p = order[3];
+            let touches = if kind.is_threaded() { 1 } else { order.iter().filter(|&&q| q == p).count() as u64 };
             buf[p * PAGE + 100] ^= 1;
             let mem = Mem { ptr: buf.as_mut_ptr(), len: buf.len() };
-            assert_eq!(refault(kind, mem, 2, &|_| {}).mismatches, 1, "{}", kind.name());
+            assert_eq!(refault(kind, mem, 2, &|_| {}).mismatches, touches, "{}", kind.name());
         }
     }
 
@@ -377,6 +418,37 @@ mod tests {
         assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "every page once");
         assert_eq!(refault_order(WorkloadKind::Stride64Sparse, n)[1], BLOCK_PAGES);
         assert_eq!(refault_order(WorkloadKind::Seq64, n), (0..n).collect::<Vec<_>>());
+        let thrash = refault_order(WorkloadKind::Thrash, n);
+        assert_eq!(thrash.len(), THRASH_PASSES * n);
+        for pass in thrash.chunks(n) {
+            assert_eq!(pass, (0..n).collect::<Vec<_>>(), "each pass reads every page in order");
+        }
+        assert_eq!(refault_order(WorkloadKind::Mixed, n), (0..n).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn mixed_blocks_hold_every_kind() {
+        let mut page = vec![0u8; PAGE];
+        let mut zero_at = std::collections::HashSet::new();
+        for b in 0..64 {
+            let (mut zero, mut same, mut counter, mut random) = (0, 0, 0, 0);
+            for p in b * BLOCK_PAGES..(b + 1) * BLOCK_PAGES {
+                page_content(Data::Mixed, p, &mut page);
+                let first = page[0];
+                if page.iter().all(|&x| x == 0) {
+                    zero += 1;
+                    zero_at.insert(p % BLOCK_PAGES);
+                } else if page.iter().all(|&x| x == first) {
+                    same += 1;
+                } else if lz4_flex::block::compress_prepend_size(&page).len() < PAGE * 3 / 4 {
+                    counter += 1;
+                } else {
+                    random += 1;
+                }
+            }
+            assert_eq!((zero, same, counter, random), (3, 3, 8, 2), "block {b}");
+        }
+        assert_eq!(zero_at.len(), BLOCK_PAGES, "the pattern moves from block to block");
     }
 
     #[test]

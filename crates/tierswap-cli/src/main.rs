@@ -4,8 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use tierswap::{parse_size, Compressor, PagerConfig, Tiers};
-use tierswap_bench::{lab, make_engine, report, EngineKind, KernelOptions, RunSpec, WorkloadKind};
+use tierswap::{parse_size, Compressor, PagerConfig, SwapinPolicy, Tiers};
+use tierswap_bench::variant::{parse_engines, swapin_max_pages};
+use tierswap_bench::{lab, make_engine, report, KernelOptions, RunSpec, WorkloadKind};
 
 /// tierswap: keep a program's memory under a budget with compressed and disk tiers, on
 /// userfaultfd. Sizes take K, M, G, T suffixes (powers of 1024).
@@ -44,13 +45,20 @@ struct Bench {
     #[command(subcommand)]
     what: Option<BenchWhat>,
     /// Workloads, comma-separated: usama_1g, seq64, seq64_hint, stride64_sparse,
-    /// random64_sparse, random64_full, zero, samefill, random, usemem, concurrent.
+    /// random64_sparse, random64_full, zero, samefill, random, usemem, concurrent, drain,
+    /// thrash (3 in-order read passes under the budget), mixed (zero, same-filled,
+    /// compressible and incompressible pages in every 64K block).
     #[arg(long, value_delimiter = ',', conflicts_with = "suite")]
     workload: Vec<String>,
     /// A named set of workloads: `seed` (the reference threads' workloads).
     #[arg(long)]
     suite: Option<String>,
-    /// Engines, comma-separated: tierswap, kernel-zswap, kernel-zram, kernel-disk.
+    /// Engines, comma-separated: tierswap, kernel-zswap, kernel-zram, kernel-disk, and tierswap
+    /// variants tierswap:SETTING[:SETTING…] that change the flags' settings for that engine
+    /// alone: policy=locality|order0|always, swapin-max=SIZE, [no-]fault-around,
+    /// [no-]workingset, [no-]keep-clean, [no-]encrypt. E.g. --engine
+    /// tierswap,tierswap:policy=order0,kernel-zswap: runs alternate engine by engine; the
+    /// column ts÷ is plain tierswap's refault ÷ the variant's.
     #[arg(long, value_delimiter = ',', default_value = "tierswap")]
     engine: Vec<String>,
     /// Bytes of memory each workload touches.
@@ -92,6 +100,24 @@ struct Bench {
     /// Cap of tierswap's readahead window for disk-backed pages, in pages; 1 = no readahead.
     #[arg(long, default_value_t = tierswap::policy::readahead::DEFAULT_MAX_PAGES)]
     readahead_max: u32,
+    /// tierswap's swap-in policy: locality (large swap-in where faults show it), order0 (one page per fault), always.
+    #[arg(long, default_value = "locality")]
+    policy: String,
+    /// tierswap's largest swap-in: a power of two from 4K to 2M (64K = 16 pages).
+    #[arg(long, default_value = "64K")]
+    swapin_max: String,
+    /// tierswap: no fault-around (do not map a faulting page's staged neighbours in the same call).
+    #[arg(long)]
+    no_fault_around: bool,
+    /// tierswap: no workingset detection (a page refaulted soon after eviction is not activated at once).
+    #[arg(long)]
+    no_workingset: bool,
+    /// tierswap: no clean pages (a page swapped in drops its slot; evicting it unwritten compresses it again).
+    #[arg(long)]
+    no_keep_clean: bool,
+    /// tierswap: do not encrypt the file tier's records (crc32c checksum only).
+    #[arg(long)]
+    no_encrypt: bool,
     /// zswap's max_pool_percent while kernel-zswap runs.
     #[arg(long)]
     zswap_max_pool_percent: Option<u32>,
@@ -193,7 +219,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         }
         (None, false) => b.workload.iter().map(|w| w.parse::<WorkloadKind>()).collect::<Result<_, _>>()?,
     };
-    let engines: Vec<EngineKind> = b.engine.iter().map(|e| e.parse::<EngineKind>()).collect::<Result<_, _>>()?;
+    let engines = parse_engines(&b.engine)?;
     let size_bytes = size("--size", &b.size)?;
     let budget_bytes = size("--budget", &b.budget)?;
     if size_bytes < 1 << 20 {
@@ -204,6 +230,9 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
     }
     let tiers: Tiers = b.tiers.parse()?;
     let compressor: Compressor = b.compressor.parse()?;
+    let swapin_policy: SwapinPolicy = b.policy.parse().map_err(|e| UserError(format!("--policy: {e}")))?;
+    let swapin_max_bytes = size("--swapin-max", &b.swapin_max)?;
+    let swapin_max_pages = swapin_max_pages(swapin_max_bytes).map_err(|e| UserError(format!("--swapin-max {e}")))?;
     let pool_max_bytes = match &b.pool_max {
         None => None,
         Some(p) if p.ends_with('%') => {
@@ -218,6 +247,8 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         }
         Some(p) => Some(size("--pool-max", p)?),
     };
+    // Every field is set today; the default stays for fields the engine adds later.
+    #[allow(clippy::needless_update)]
     let pager = PagerConfig {
         budget_bytes,
         tiers,
@@ -227,16 +258,25 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         fault_threads: b.fault_threads,
         readahead_max_pages: b.readahead_max.max(1),
         file_unit_bytes: size("--file-unit", &b.file_unit)? as usize,
+        swapin_policy,
+        swapin_max_pages,
+        fault_around: !b.no_fault_around,
+        workingset: !b.no_workingset,
+        keep_clean: !b.no_keep_clean,
+        encrypt: !b.no_encrypt,
         ..PagerConfig::default()
     };
     pager.validate()?;
+    for e in &engines {
+        e.pager(&pager).validate().map_err(|err| UserError(format!("engine '{}': {err}", e.label())))?;
+    }
     if let Some(dir) = &b.swap_dir {
         if !dir.is_dir() {
             return Err(UserError(format!("--swap-dir {}: not a directory", dir.display())));
         }
     }
     let kernel = KernelOptions { swap_dir: b.swap_dir.clone(), zswap_max_pool_percent: b.zswap_max_pool_percent };
-    let mut boxes: Vec<_> = engines.iter().map(|&k| make_engine(k, progress, &kernel)).collect();
+    let mut boxes: Vec<_> = engines.iter().map(|e| make_engine(e, progress, &kernel)).collect();
     let plan = lab::Plan {
         workloads,
         runs: b.runs,
@@ -257,13 +297,25 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         return Err(UserError(format!("no run completed: {why}")));
     }
     let summaries = report::summarize(&out.results);
+    let off: Vec<&str> = [
+        (b.no_fault_around, "fault-around"),
+        (b.no_workingset, "workingset"),
+        (b.no_keep_clean, "keep-clean"),
+        (b.no_encrypt, "encrypt"),
+    ]
+    .into_iter()
+    .filter_map(|(no, name)| no.then_some(name))
+    .collect();
     let header = format!(
-        "size {} MiB, budget {} MiB, tierswap tiers {}, compressor {}, pool max {} MiB",
+        "size {} MiB, budget {} MiB, tierswap tiers {}, compressor {}, pool max {} MiB, swap-in {} up to {} KiB{}",
         size_bytes >> 20,
         budget_bytes >> 20,
         b.tiers,
         b.compressor,
-        pager.pool_max_bytes() >> 20
+        pager.pool_max_bytes() >> 20,
+        b.policy.trim().to_ascii_lowercase(),
+        swapin_max_pages * 4,
+        if off.is_empty() { String::new() } else { format!(", off: {}", off.join(" ")) }
     );
     print!("{}", report::table(&machine, &header, &summaries));
     if let Some(path) = &b.json {
@@ -271,8 +323,11 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
             machine: &machine,
             config: serde_json::json!({
                 "size_bytes": size_bytes, "budget_bytes": budget_bytes, "runs": b.runs,
-                "engines": b.engine, "tiers": b.tiers, "compressor": b.compressor,
+                "engines": engines.iter().map(|e| e.label()).collect::<Vec<_>>(), "tiers": b.tiers, "compressor": b.compressor,
                 "pool_max_bytes": pager.pool_max_bytes(), "threads": b.threads,
+                "swapin_policy": pager.swapin_policy, "swapin_max_pages": pager.swapin_max_pages,
+                "fault_around": pager.fault_around, "workingset": pager.workingset,
+                "keep_clean": pager.keep_clean, "encrypt": pager.encrypt,
             }),
             runs: &out.results,
             summary: &summaries,

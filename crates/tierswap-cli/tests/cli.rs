@@ -28,9 +28,36 @@ fn bad_input_is_one_line_and_exit_2() {
     assert_usage_error(&["bench", "--suite", "big"], "unknown suite");
     assert_usage_error(&["bench", "--workload", "seq64", "--runs", "0"], "--runs");
     assert_usage_error(&["bench", "metadata", "--swapped", "x"], "--swapped");
+    assert_usage_error(
+        &["bench", "--workload", "seq64", "--policy", "fast"],
+        "--policy: unknown swap-in policy 'fast'",
+    );
+    assert_usage_error(
+        &["bench", "--workload", "seq64", "--swapin-max", "3K"],
+        "--swapin-max 3K is not a power of two",
+    );
+    assert_usage_error(&["bench", "--workload", "seq64", "--swapin-max", "4M"], "from 4K to 2M");
+    assert_usage_error(&["bench", "--workload", "seq64", "--swapin-max", "0"], "from 4K to 2M");
+    assert_usage_error(&["bench", "--workload", "seq64", "--swapin-max", "lots"], "--swapin-max: cannot parse size");
+    assert_usage_error(
+        &["bench", "--workload", "seq64", "--engine", "tierswap,tierswap:polcy=order0"],
+        "unknown setting 'polcy': settings are policy=locality|order0|always",
+    );
+    assert_usage_error(&["bench", "--workload", "seq64", "--engine", "tierswap:policy=fast"], "policy 'fast'");
+    assert_usage_error(&["bench", "--workload", "seq64", "--engine", "tierswap:swapin-max=3K"], "swapin-max=3K");
+    assert_usage_error(&["bench", "--workload", "seq64", "--engine", "kernel-zram:no-encrypt"], "tierswap only");
+    assert_usage_error(&["bench", "--workload", "seq64", "--engine", "tierswap,tierswap"], "given twice");
+    assert_usage_error(&["bench", "--workload", "seq64", "--engine", "tierswap[policy=order0]"], "no brackets");
+    // The switches take no value.
+    assert_eq!(tierswap(&["bench", "--workload", "seq64", "--no-encrypt=yes"]).status.code(), Some(2));
     // clap's own usage errors exit 2 too.
     assert_eq!(tierswap(&["bench", "--no-such-flag"]).status.code(), Some(2));
-    for args in [&["bench", "--workload", "seq64", "--size", "12Q"][..], &["bench", "--workload", "nope"]] {
+    for args in [
+        &["bench", "--workload", "seq64", "--size", "12Q"][..],
+        &["bench", "--workload", "nope"],
+        &["bench", "--workload", "seq64", "--swapin-max", "3K"],
+        &["bench", "--workload", "seq64", "--engine", "tierswap:x"],
+    ] {
         let err = String::from_utf8_lossy(&tierswap(args).stderr).to_string();
         assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
         assert!(err.starts_with("tierswap: "));
@@ -42,7 +69,26 @@ fn help_explains() {
     let out = tierswap(&["bench", "--help"]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for word in ["--workload", "--suite", "--engine", "--size", "--budget", "--runs", "--json", "floor", "metadata"] {
+    for word in [
+        "--workload",
+        "--suite",
+        "--engine",
+        "--size",
+        "--budget",
+        "--runs",
+        "--json",
+        "floor",
+        "metadata",
+        "--policy",
+        "--swapin-max",
+        "--no-fault-around",
+        "--no-workingset",
+        "--no-keep-clean",
+        "--no-encrypt",
+        "tierswap:policy=order0",
+        "thrash",
+        "mixed",
+    ] {
         assert!(text.contains(word), "--help lacks {word}");
     }
 }

@@ -86,6 +86,52 @@ fn kernel_engines_run_and_restore_everything() {
     }
 }
 
+#[test]
+fn variants_and_the_new_workloads_run_beside_the_kernel() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require_root();
+    let before = state();
+    let json = std::env::temp_dir().join(format!("tierswap-lab-variants-{}.json", std::process::id()));
+    let out = Command::new(bin())
+        .args(["bench", "--workload", "thrash,mixed", "--size", "24M", "--budget", "12M", "--runs", "1", "--quiet"])
+        .args(["--pool-max", "2M", "--engine", "tierswap,tierswap:policy=order0:no-fault-around,kernel-zram", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(state(), before, "the machine is as it was");
+    assert!(table.contains("ts÷") && table.contains("tierswap policy counters"), "{table}");
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let runs = doc["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 6, "both workloads on every engine: {err}");
+    let pages = 24 * 256;
+    for r in runs {
+        assert_eq!(r["mismatches"], 0, "{r}");
+        let want = if r["workload"] == "thrash" { 3 * pages } else { pages };
+        assert_eq!(r["pages_verified"], want, "every byte of every touch: {r}");
+        match r["engine"].as_str().unwrap() {
+            "kernel-zram" => assert!(r["kernel_vmstat"]["pswpout"].as_u64().unwrap_or(0) > 0, "{r}"),
+            "tierswap" => assert_eq!(r["pager"]["swapin_policy"], "Locality"),
+            "tierswap:policy=order0:no-fault-around" => {
+                assert_eq!(r["pager"]["swapin_policy"], "Order0");
+                assert_eq!(r["pager"]["fault_around"], false);
+                assert!(r["counters"]["swpin_large"].is_u64() && r["counters"]["swpout_clean"].is_u64());
+            }
+            e => panic!("unexpected engine {e}"),
+        }
+    }
+    let variant = doc["summary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["engine"] == "tierswap:policy=order0:no-fault-around" && s["workload"] == "thrash")
+        .unwrap();
+    assert!(variant["tierswap_refault_over_this"].as_f64().unwrap() > 0.0, "{variant}");
+}
+
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {

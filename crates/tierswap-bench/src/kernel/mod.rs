@@ -108,11 +108,15 @@ impl KernelEngine {
     }
 
     fn unavailable(&self, reason: impl Into<String>) -> EngineError {
-        EngineError::Unavailable { engine: self.kind.name(), reason: reason.into() }
+        EngineError::Unavailable { engine: self.kind.name().into(), reason: reason.into() }
     }
 
     fn failed(&self, spec: &RunSpec, reason: impl Into<String>) -> EngineError {
-        EngineError::Failed { engine: self.kind.name(), workload: spec.workload.name().into(), reason: reason.into() }
+        EngineError::Failed {
+            engine: self.kind.name().into(),
+            workload: spec.workload.name().into(),
+            reason: reason.into(),
+        }
     }
 
     fn swap_dir(&self) -> PathBuf {
@@ -321,7 +325,7 @@ impl KernelEngine {
                 .unwrap_or(0);
             if oom_kills > 0 {
                 return Err(EngineError::OomKilled {
-                    engine: self.kind.name(),
+                    engine: self.kind.name().into(),
                     workload: spec.workload.name().into(),
                     budget_mib: spec.budget_bytes >> 20,
                 });
@@ -352,6 +356,7 @@ impl KernelEngine {
             counters: Default::default(),
             kernel_vmstat: vmstat_delta(&vm0, &vm1),
             compressor: self.compressor(),
+            pager: serde_json::Value::Null,
         })
     }
 }

@@ -1,0 +1,265 @@
+//! Engine variants: one `--engine` entry names an engine and, for tierswap, settings that
+//! differ from the command's flags, so that two builds of the policy run side by side in one
+//! lab, alternating run by run (DESIGN §9).
+//!
+//! Syntax: `ENGINE[:SETTING[:SETTING…]]`, with SETTING one of `policy=locality|order0|always`,
+//! `swapin-max=SIZE` (4K to 2M, a power of two), and the switches `fault-around`,
+//! `workingset`, `keep-clean`, `encrypt`, each also as `no-…`. Examples:
+//! `tierswap:policy=order0`, `tierswap:no-fault-around:swapin-max=2M`. No brackets, no
+//! spaces: the list goes through a shell unquoted. The entry's text is its label in the
+//! table, the JSON and the plots. This module owns parsing and applying; it makes no engine.
+
+use tierswap::{PagerConfig, SwapinPolicy};
+
+use crate::EngineKind;
+
+/// The settings a variant may change, as they are spelled in a spec (for error messages).
+pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), \
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt";
+
+/// Largest swap-in in bytes a user may ask for (512 pages).
+const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
+const PAGE_BYTES: u64 = 4096;
+
+/// One setting a variant changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Override {
+    /// `policy=…`: how a fault picks the size of a swap-in.
+    Policy(SwapinPolicy),
+    /// `swapin-max=SIZE`: largest swap-in, in pages.
+    SwapinMaxPages(u32),
+    /// `fault-around` / `no-fault-around`.
+    FaultAround(bool),
+    /// `workingset` / `no-workingset`.
+    Workingset(bool),
+    /// `keep-clean` / `no-keep-clean`.
+    KeepClean(bool),
+    /// `encrypt` / `no-encrypt`.
+    Encrypt(bool),
+}
+
+impl Override {
+    /// Writes this setting into `config`.
+    pub fn apply(self, config: &mut PagerConfig) {
+        match self {
+            Override::Policy(p) => config.swapin_policy = p,
+            Override::SwapinMaxPages(n) => config.swapin_max_pages = n,
+            Override::FaultAround(on) => config.fault_around = on,
+            Override::Workingset(on) => config.workingset = on,
+            Override::KeepClean(on) => config.keep_clean = on,
+            Override::Encrypt(on) => config.encrypt = on,
+        }
+    }
+
+    /// Parses one `key[=value]`; the error names the bad key or value and what is valid.
+    fn parse(setting: &str) -> Result<Override, String> {
+        let (key, value) = match setting.split_once('=') {
+            Some((k, v)) => (k.trim(), Some(v.trim())),
+            None => (setting.trim(), None),
+        };
+        let switch = |make: fn(bool) -> Override, on: bool| match value {
+            None => Ok(make(on)),
+            Some(_) => Err(format!("setting '{key}' is a switch and takes no value")),
+        };
+        let needs = |example: &str| format!("setting '{key}' needs a value, e.g. {key}={example}");
+        match key {
+            "policy" => {
+                let v = value.ok_or_else(|| needs("order0"))?;
+                v.parse::<SwapinPolicy>()
+                    .map(Override::Policy)
+                    .map_err(|_| format!("policy '{v}' is not a swap-in policy: use policy=locality, order0 or always"))
+            }
+            "swapin-max" => {
+                let v = value.ok_or_else(|| needs("64K"))?;
+                let bytes = tierswap::parse_size(v).map_err(|_| {
+                    format!("swapin-max '{v}' is not a size: give a power of two from 4K to 2M, e.g. swapin-max=64K")
+                })?;
+                swapin_max_pages(bytes).map(Override::SwapinMaxPages).map_err(|e| format!("swapin-max={e}"))
+            }
+            "fault-around" => switch(Override::FaultAround, true),
+            "no-fault-around" => switch(Override::FaultAround, false),
+            "workingset" => switch(Override::Workingset, true),
+            "no-workingset" => switch(Override::Workingset, false),
+            "keep-clean" => switch(Override::KeepClean, true),
+            "no-keep-clean" => switch(Override::KeepClean, false),
+            "encrypt" => switch(Override::Encrypt, true),
+            "no-encrypt" => switch(Override::Encrypt, false),
+            "" => Err(format!("an empty setting (two ':' in a row?): settings are {SETTINGS}")),
+            other => Err(format!("unknown setting '{other}': settings are {SETTINGS}")),
+        }
+    }
+}
+
+/// The largest swap-in of `bytes` as pages: a power of two from 4 KiB to 2 MiB. The error
+/// starts with the value, so a caller prefixes the flag or key: "--swapin-max 3K is not…".
+pub fn swapin_max_pages(bytes: u64) -> Result<u32, String> {
+    if !(PAGE_BYTES..=SWAPIN_MAX_BYTES).contains(&bytes) || !bytes.is_power_of_two() {
+        return Err(format!(
+            "{} is not a power of two from 4K to 2M: give e.g. 64K (16 pages, the default) or 2M",
+            show_bytes(bytes)
+        ));
+    }
+    Ok((bytes / PAGE_BYTES) as u32)
+}
+
+fn show_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => format!("{b} bytes"),
+    }
+}
+
+/// One `--engine` entry: the engine, its label, and (tierswap only) its settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineSpec {
+    /// Which engine.
+    pub kind: EngineKind,
+    /// Settings applied over the configuration built from the flags, in order.
+    pub overrides: Vec<Override>,
+    label: String,
+}
+
+impl EngineSpec {
+    /// The plain engine, no settings: labelled with its name.
+    pub fn plain(kind: EngineKind) -> EngineSpec {
+        EngineSpec { kind, overrides: Vec::new(), label: kind.name().to_string() }
+    }
+
+    /// The name in the table, the JSON and the plots: the spec as given, spaces trimmed.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Whether this is tierswap with settings of its own (not the plain `tierswap` row).
+    pub fn is_variant(&self) -> bool {
+        !self.overrides.is_empty()
+    }
+
+    /// The configuration of this variant: `base` (from the flags) with the settings applied.
+    pub fn pager(&self, base: &PagerConfig) -> PagerConfig {
+        let mut c = base.clone();
+        for o in &self.overrides {
+            o.apply(&mut c);
+        }
+        c
+    }
+}
+
+impl std::str::FromStr for EngineSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s.contains('[') || s.contains(']') {
+            return Err(format!(
+                "engine '{s}': write variants as tierswap:policy=order0 (':' between settings, no brackets: shells glob them)"
+            ));
+        }
+        let mut parts = s.split(':');
+        let kind: EngineKind = parts.next().unwrap_or_default().parse()?;
+        let settings: Vec<&str> = parts.map(str::trim).collect();
+        if settings.is_empty() {
+            return Ok(EngineSpec::plain(kind));
+        }
+        if kind != EngineKind::Tierswap {
+            return Err(format!("engine '{s}': settings apply to tierswap only; give {} without ':…'", kind.name()));
+        }
+        let overrides = settings
+            .iter()
+            .map(|t| Override::parse(t))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("engine '{s}': {e}"))?;
+        let label = std::iter::once(kind.name()).chain(settings.iter().copied()).collect::<Vec<_>>().join(":");
+        Ok(EngineSpec { kind, overrides, label })
+    }
+}
+
+/// Parses the `--engine` list: every entry, no label twice.
+pub fn parse_engines<S: AsRef<str>>(entries: &[S]) -> Result<Vec<EngineSpec>, String> {
+    let mut out: Vec<EngineSpec> = Vec::new();
+    for e in entries {
+        let spec: EngineSpec = e.as_ref().parse()?;
+        if out.iter().any(|o| o.label == spec.label) {
+            return Err(format!("engine '{}' is given twice: list each engine or variant once", spec.label));
+        }
+        out.push(spec);
+    }
+    if out.is_empty() {
+        return Err("no engine: give --engine tierswap[,…]".into());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<EngineSpec, String> {
+        s.parse()
+    }
+
+    #[test]
+    fn plain_engines_and_variants() {
+        assert_eq!(parse("tierswap"), Ok(EngineSpec::plain(EngineKind::Tierswap)));
+        assert_eq!(parse(" kernel-zswap ").map(|e| e.kind), Ok(EngineKind::KernelZswap));
+        let v = parse("tierswap:policy=order0").unwrap();
+        assert_eq!(v.label(), "tierswap:policy=order0");
+        assert_eq!(v.overrides, vec![Override::Policy(SwapinPolicy::Order0)]);
+        assert!(v.is_variant());
+        let v = parse("tierswap: no-fault-around :swapin-max=2M:no-workingset:no-keep-clean:no-encrypt").unwrap();
+        assert_eq!(v.label(), "tierswap:no-fault-around:swapin-max=2M:no-workingset:no-keep-clean:no-encrypt");
+        let c = v.pager(&PagerConfig::default());
+        assert!(!c.fault_around && !c.workingset && !c.keep_clean && !c.encrypt);
+        assert_eq!(c.swapin_max_pages, 512);
+        assert_eq!(c.swapin_policy, SwapinPolicy::Locality, "untouched settings come from the base");
+        let base = PagerConfig { fault_around: false, ..Default::default() };
+        assert!(parse("tierswap:fault-around").unwrap().pager(&base).fault_around, "a variant can switch back on");
+        assert_eq!(parse("tierswap:swapin-max=4K").unwrap().overrides, vec![Override::SwapinMaxPages(1)]);
+        assert_eq!(parse("tierswap:policy=always").unwrap().overrides, vec![Override::Policy(SwapinPolicy::Always)]);
+    }
+
+    #[test]
+    fn bad_specs_name_the_bad_part_and_the_valid_ones() {
+        let err = |s: &str| parse(s).unwrap_err();
+        let e = err("tierswap:polcy=order0");
+        assert!(e.contains("unknown setting 'polcy'") && e.contains("policy=locality|order0|always"), "{e}");
+        assert!(e.contains("[no-]fault-around") && e.contains("[no-]encrypt"), "{e}");
+        let e = err("tierswap:policy=fast");
+        assert!(e.contains("policy 'fast'") && e.contains("order0"), "{e}");
+        assert!(err("tierswap:policy").contains("needs a value, e.g. policy=order0"));
+        assert!(err("tierswap:swapin-max=3K").contains("swapin-max=3K is not a power of two from 4K to 2M"));
+        assert!(err("tierswap:swapin-max=4M").contains("from 4K to 2M"));
+        assert!(err("tierswap:swapin-max=2K").contains("from 4K to 2M"));
+        assert!(err("tierswap:swapin-max=lots").contains("swapin-max 'lots' is not a size"));
+        assert!(err("tierswap:no-encrypt=yes").contains("'no-encrypt' is a switch"));
+        assert!(err("tierswap::no-encrypt").contains("empty setting"));
+        assert!(err("kernel-zswap:policy=order0").contains("tierswap only"));
+        assert!(err("zfs:policy=order0").contains("unknown engine 'zfs'"));
+        assert!(err("tierswap[policy=order0]").contains("tierswap:policy=order0"));
+        for s in ["tierswap:x", "tierswap:policy=fast", "tierswap[a]"] {
+            assert!(err(s).starts_with(&format!("engine '{s}'")), "{}", err(s));
+            assert_eq!(err(s).lines().count(), 1);
+        }
+    }
+
+    #[test]
+    fn lists_reject_duplicates() {
+        let l = parse_engines(&["tierswap", "tierswap:policy=order0", "kernel-zram"]).unwrap();
+        assert_eq!(
+            l.iter().map(|e| e.label()).collect::<Vec<_>>(),
+            ["tierswap", "tierswap:policy=order0", "kernel-zram"]
+        );
+        assert!(parse_engines(&["tierswap", " tierswap"]).unwrap_err().contains("given twice"));
+        assert!(parse_engines(&["tierswap:no-encrypt", "tierswap: no-encrypt"]).unwrap_err().contains("twice"));
+        assert!(parse_engines::<&str>(&[]).is_err());
+    }
+
+    #[test]
+    fn swapin_max_sizes() {
+        assert_eq!(swapin_max_pages(64 << 10), Ok(16));
+        assert_eq!(swapin_max_pages(2 << 20), Ok(512));
+        assert!(swapin_max_pages(0).is_err());
+        assert!(swapin_max_pages(4097).unwrap_err().contains("4097 bytes"));
+        assert!(swapin_max_pages(48 << 10).is_err());
+    }
+}
