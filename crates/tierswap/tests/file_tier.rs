@@ -249,7 +249,19 @@ fn disk_pager(encrypt: bool) -> Pager {
 #[test]
 fn readahead_follows_a_sequential_refault_and_stops_on_a_random_one() {
     let n = 8192; // 32 MiB through an 8 MiB budget
-    let (p, r) = all_on_disk(n);
+    // Readahead into staging is the order-0 path's: with large swap-in a sequential refault
+    // is served in place instead (tests/swapin.rs).
+    let p = Pager::new(PagerConfig {
+        budget_bytes: 8 << 20,
+        tiers: "zero,file".parse::<Tiers>().unwrap(),
+        fault_threads: 1,
+        swapin_policy: tierswap::SwapinPolicy::Order0,
+        ..Default::default()
+    })
+    .unwrap();
+    let r = filled_region(&p, n);
+    p.evict_all();
+    assert_eq!(r.page_states(), (0, 0, n), "every page on disk");
     let mem = r.as_slice();
     // Sequential over the first half.
     for pg in 0..n / 2 {

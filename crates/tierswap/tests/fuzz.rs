@@ -650,14 +650,21 @@ mod words {
         prop_assert_eq!(p.active(), raw >> 60 & 1 == 1);
         prop_assert_eq!(p.payload(), raw & PAYLOAD_MASK);
         let live = matches!(p.state(), PteState::Present | PteState::Staged);
-        prop_assert_eq!(p.was_active(), live && p.payload() == Pte::WAS_ACTIVE);
-        prop_assert_eq!(p.is_readahead(), p.state() == PteState::Staged && p.payload() == 1);
+        // Present / staged payload: | kept slot + 1 (58) | mark (2) |.
+        prop_assert_eq!(p.was_active(), live && p.payload() & 3 == 2);
+        prop_assert_eq!(p.is_readahead(), p.state() == PteState::Staged && p.payload() & 3 == 1);
+        let kept = p.payload() >> 2;
+        prop_assert_eq!(p.kept_slot(), (live && kept != 0).then(|| kept - 1));
         for a in [false, true] {
             prop_assert_eq!(p.with_active(a).raw(), (raw & !(1 << 60)) | (a as u64) << 60);
         }
         let staged = p.staged_keeping_hotness();
         prop_assert_eq!(staged.state(), PteState::Staged);
-        prop_assert_eq!(staged.payload(), if p.was_active() { Pte::WAS_ACTIVE } else { 0 });
+        prop_assert_eq!(staged.payload() & 3, if p.was_active() { 2 } else { 0 });
+        if live {
+            // Staging keeps the kept slot (the helper is only used on present ptes).
+            prop_assert_eq!(staged.kept_slot(), p.kept_slot());
+        }
         prop_assert!(!staged.locked() && !staged.active());
         let text = format!("{p:?}");
         prop_assert!(text.starts_with("Pte(") && text.contains(&format!("{:?}", p.state())), "{}", text);
