@@ -110,7 +110,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
         Lookup::Mirror => {
             // Only the pager reads mirrors, and only pages it staged; a hole here means the
             // page was zero (it read as such before staging).
-            install_zero(s, page_addr, false);
+            install_zero(s, page_addr, false, false);
             return;
         }
         Lookup::Unknown => {
@@ -126,7 +126,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
     let old = r.ptes.lock(idx);
     let new = match old.state() {
         PteState::None => {
-            install_zero(s, page_addr, write);
+            install_zero(s, page_addr, write, true);
             s.present_pages.fetch_add(1, Ordering::Relaxed);
             s.counters.faults_first_touch.fetch_add(1, Ordering::Relaxed);
             Pte::present()
@@ -134,20 +134,25 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
         PteState::Present => {
             // Already served (a second message for the page), or the program discarded it:
             // either way a zero page is right, and EEXIST tells us it was the former.
-            install_zero(s, page_addr, write);
+            install_zero(s, page_addr, write, false);
             r.ptes.unlock(idx, old, old);
             return;
         }
         PteState::Staged => {
             r.ptes.unlock(idx, old, old);
-            unstage_around(s, &r, idx);
+            let woken = unstage_around(s, &r, idx);
             s.counters.faults_staged.fetch_add(1, Ordering::Relaxed);
             finish_fault(s, t0);
+            if let Some((from, to)) = woken {
+                let _ = s.uffd.wake(r.page_addr(from), (to - from) * PAGE_SIZE);
+            }
             return;
         }
         PteState::Swapped => {
-            let tag = swap_in(s, &r, idx, old, write, scratch);
+            let (tag, first, n) = swap_in(s, &r, idx, old, write, scratch);
             finish_fault(s, t0);
+            // The program runs again only now: its pte and the counters are final.
+            let _ = s.uffd.wake(r.page_addr(first), n * PAGE_SIZE);
             if tag == Some(Tag::File) {
                 // The program runs again already; read its likely next pages meanwhile.
                 let window = r.ra.next(idx, r.hint, s.config.readahead_max_pages);
@@ -162,6 +167,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
     };
     r.ptes.unlock(idx, old, new);
     finish_fault(s, t0);
+    let _ = s.uffd.wake(page_addr, PAGE_SIZE);
 }
 
 /// One page of a swap-in range, from probe to install.
@@ -196,9 +202,17 @@ impl Planned {
 /// Serves a fault on swapped page `idx` (its pte locked, `old`): admission picks how many
 /// pages come in; every page of that range still swapped is read from its own backend
 /// (mixed ranges: pool, zero, same-filled and file pages side by side, the file's records
-/// from one unit read) and the range is installed in as few ioctls as its runs allow, with
-/// one wake-up. Returns the tier the faulting page came from.
-fn swap_in(s: &Shared, r: &RegionInner, idx: usize, old: Pte, write: bool, scratch: &mut Scratch) -> Option<Tag> {
+/// from one unit read) and the range is installed in as few ioctls as its runs allow. Wakes
+/// nobody: the caller wakes `[first, first + n)` once its bookkeeping is done. Returns the
+/// tier the faulting page came from, `first` and `n`.
+fn swap_in(
+    s: &Shared,
+    r: &RegionInner,
+    idx: usize,
+    old: Pte,
+    write: bool,
+    scratch: &mut Scratch,
+) -> (Option<Tag>, usize, usize) {
     let d = r.locality.decide(idx, r.hint, s.config.swapin_policy, s.config.swapin_max_pages);
     if d.vetoed {
         s.counters.swpin_large_veto.fetch_add(1, Ordering::Relaxed);
@@ -276,7 +290,7 @@ fn swap_in(s: &Shared, r: &RegionInner, idx: usize, old: Pte, write: bool, scrat
     }
 
     // Install runs of pages of one kind: one ioctl each, no wake until the end.
-    let dontwake = n > 1;
+    let dontwake = true;
     let mut k = 0;
     while k < n {
         let p = plan[k];
@@ -368,9 +382,6 @@ fn swap_in(s: &Shared, r: &RegionInner, idx: usize, old: Pte, write: bool, scrat
             }
         }
     }
-    if dontwake {
-        let _ = s.uffd.wake(r.page_addr(first), n * PAGE_SIZE);
-    }
     s.present_pages.fetch_add(installed, Ordering::Relaxed);
     s.counters.faults_swapped.fetch_add(1, Ordering::Relaxed);
     if installed > 1 {
@@ -389,7 +400,7 @@ fn swap_in(s: &Shared, r: &RegionInner, idx: usize, old: Pte, write: bool, scrat
         hi += 1;
     }
     r.locality.note_swapin(hi);
-    from_tag
+    (from_tag, first, n)
 }
 
 /// Workingset detection on the refault of `slot`: if the page was evicted so recently that
@@ -549,12 +560,12 @@ fn wait_for_room(s: &Shared) {
 }
 
 /// Maps a zero page at `addr` (a zeroed copy for writes, saving the write fault after).
-fn install_zero(s: &Shared, addr: usize, write: bool) {
+fn install_zero(s: &Shared, addr: usize, write: bool, dontwake: bool) {
     let res = if write {
         static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
-        s.uffd.copy(addr, &ZERO_PAGE, false, false)
+        s.uffd.copy(addr, &ZERO_PAGE, dontwake, false)
     } else {
-        s.uffd.zeropage(addr, PAGE_SIZE, false)
+        s.uffd.zeropage(addr, PAGE_SIZE, dontwake)
     };
     settle_install(s, addr, res);
 }
@@ -583,7 +594,8 @@ fn settle_install(s: &Shared, addr: usize, res: uffd::Result<usize>) -> bool {
 
 /// Moves the staged page at `idx` back, with its staged neighbours in the same 64 KiB block
 /// (fault-around: they would otherwise cost a fault each), read-ahead pages excepted.
-fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) {
+/// Wakes nobody on success: returns the pages the caller wakes once its bookkeeping is done.
+fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) -> Option<(usize, usize)> {
     let block_start = idx - idx % BLOCK_PAGES;
     let block_end = (block_start + BLOCK_PAGES).min(r.n_pages);
     // Lock the faulting page first (waiting), then neighbours opportunistically.
@@ -592,7 +604,7 @@ fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) {
         // Someone else moved it meanwhile: just make sure the waiter wakes.
         r.ptes.unlock(idx, first, first);
         let _ = s.uffd.wake(r.page_addr(idx), PAGE_SIZE);
-        return;
+        return None;
     }
     let mut locked = [false; BLOCK_PAGES];
     locked[idx - block_start] = true;
@@ -627,6 +639,7 @@ fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) {
     s.present_pages.fetch_add(moved_pages, Ordering::Relaxed);
     s.counters.fault_around_pages.fetch_add(moved_pages.saturating_sub(1) as u64, Ordering::Relaxed);
     s.counters.pgactivate.fetch_add(moved_pages as u64, Ordering::Relaxed);
+    Some((block_start, block_end))
 }
 
 /// Moves locked staged pages `[from, to)` from the mirror back into the region and unlocks
@@ -640,13 +653,13 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
         // SAFETY: the pages [i, to) are locked staged pages: their only copy is at the same
         // offset in the mirror, which only the pager touches, and the program's range there
         // is empty (the program faults on it). Moving them back is what the program expects.
-        let res = unsafe { s.uffd.move_pages(r.page_addr(i), r.mirror_addr(i), len, false, false) };
+        let res = unsafe { s.uffd.move_pages(r.page_addr(i), r.mirror_addr(i), len, true, false) };
         let done_pages = match res {
             Ok(bytes) => bytes / PAGE_SIZE,
             Err(uffd::Error::NoPage { done_bytes, .. }) => {
                 // A hole in the mirror at the page after the moved ones: it was a zero page.
                 let at = i + done_bytes / PAGE_SIZE;
-                install_zero(s, r.page_addr(at), false);
+                install_zero(s, r.page_addr(at), false, true);
                 done_bytes / PAGE_SIZE + 1
             }
             Err(uffd::Error::PageExist { done_bytes, .. }) => {
@@ -662,7 +675,7 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
                 // EAGAIN with no progress, again and again: this kernel's answer for a hole
                 // in the mirror (see tests/uffd_ops.rs). The page read as zeros when staged.
                 let at = i + done_bytes / PAGE_SIZE;
-                install_zero(s, r.page_addr(at), false);
+                install_zero(s, r.page_addr(at), false, true);
                 done_bytes / PAGE_SIZE + 1
             }
             Err(e) => fatal(&format!("moving a staged page back to {:#x} failed: {e}", r.page_addr(i))),

@@ -590,6 +590,14 @@ impl Pager {
         self.shared.file.as_ref().map(|f| f.file())
     }
 
+    /// Moves every present page of every region to the inactive list (staging) now, without
+    /// evicting any: the next touch of each moves it back. For tests of the inactive list
+    /// and fault-around. Returns pages staged.
+    #[doc(hidden)]
+    pub fn stage_all(&self) -> usize {
+        crate::reclaim::stage_everything(&self.shared)
+    }
+
     /// Waits until reclaim has brought the footprint under the budget and stopped, or
     /// `timeout` passes; says whether it settled.
     pub fn settle(&self, timeout: Duration) -> bool {

@@ -728,3 +728,31 @@ pub(crate) fn evict_everything(s: &Arc<Shared>) -> usize {
     r.notify_room();
     evicted
 }
+
+/// Stages every present page of every region now, on the calling thread, without evicting
+/// (tests of the inactive list). Returns pages staged.
+pub(crate) fn stage_everything(s: &Arc<Shared>) -> usize {
+    let mut r = match Reclaim::new(s.clone()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tierswap: cannot set up staging: {e}");
+            return 0;
+        }
+    };
+    let mut staged = 0;
+    for region in r.regions() {
+        let _guard = region.reclaim_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if region.dead.load(Ordering::Acquire) {
+            continue;
+        }
+        for b in 0..region.n_pages.div_ceil(BLOCK_PAGES) {
+            let n = r.deactivate_block(&region, b, true);
+            if n > 0 {
+                staged += n;
+                r.s.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((region.id, b));
+            }
+        }
+    }
+    r.s.counters.pgdeactivate.fetch_add(staged as u64, Ordering::Relaxed);
+    staged
+}

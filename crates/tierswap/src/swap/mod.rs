@@ -212,7 +212,12 @@ impl SwapSpace {
                 },
             };
             let h = self.header(cid);
-            h.evict_stamp.store(self.evict_clock(), Ordering::Relaxed);
+            // The stamp of a cluster's first fill stays until it empties: reused slots then
+            // look older than they are, which errs toward not activating (the kernel's
+            // behaviour without workingset detection) rather than toward protecting pages.
+            if h.evict_stamp.load(Ordering::Relaxed) == 0 {
+                h.evict_stamp.store(self.evict_clock(), Ordering::Relaxed);
+            }
             let base = cid as u64 * SLOTS_PER_CLUSTER as u64;
             let got_before = got;
             for off in 0..SLOTS_PER_CLUSTER as u64 {
@@ -265,9 +270,9 @@ impl SwapSpace {
         ((self.evictions.load(Ordering::Relaxed) >> EVICT_CLOCK_SHIFT) as u32).max(1)
     }
 
-    /// Pages evicted since `slot`'s page was (about: its cluster's newest eviction), or
-    /// `None` when the cluster carries no stamp. An underestimate for slots older than their
-    /// cluster's newest, which errs toward activating.
+    /// Pages evicted since `slot`'s page was (about: since its cluster first took a page), or
+    /// `None` when the cluster carries no stamp. An overestimate for slots reused later,
+    /// which errs toward not activating.
     pub fn refault_distance(&self, slot: u64) -> Option<u64> {
         let (cid, _) = split(slot);
         let stamp = self.header(cid).evict_stamp.load(Ordering::Relaxed);

@@ -1,0 +1,354 @@
+//! The swap-in policies end to end on real userfaultfd: large swap-in and its admission,
+//! mixed-backend ranges, fault-around, workingset detection and clean pages. Every byte
+//! that comes back is compared with what was written; counters are checked against what
+//! the test did.
+
+use tierswap::{Hint, Pager, PagerConfig, SwapinPolicy, Tiers};
+
+const PAGE: usize = 4096;
+
+fn pager(tiers: &str, f: impl FnOnce(&mut PagerConfig)) -> Pager {
+    let mut config = PagerConfig {
+        budget_bytes: 64 << 20,
+        tiers: tiers.parse::<Tiers>().unwrap(),
+        fault_threads: 1,
+        ..Default::default()
+    };
+    f(&mut config);
+    match Pager::new(config) {
+        Ok(p) => p,
+        Err(e) => panic!("cannot start a pager (these tests need userfaultfd: run as root): {e}"),
+    }
+}
+
+/// Word i of page p is p * 512 + i + salt: compressible and unique per page.
+fn fill_page(buf: &mut [u8], p: usize, salt: u64) {
+    for (i, w) in buf.chunks_exact_mut(8).enumerate() {
+        w.copy_from_slice(&((p as u64) * 512 + i as u64 + salt).to_le_bytes());
+    }
+}
+
+fn page_ok(mem: &[u8], p: usize, salt: u64) -> bool {
+    mem[p * PAGE..(p + 1) * PAGE]
+        .chunks_exact(8)
+        .enumerate()
+        .all(|(i, w)| w == ((p as u64) * 512 + i as u64 + salt).to_le_bytes())
+}
+
+/// A region of `n` counter pages with `hint`, every page evicted.
+fn evicted_region(p: &Pager, n: usize, hint: Hint) -> tierswap::Region {
+    let mut r = p.region(n * PAGE, hint).unwrap();
+    let mem = r.as_mut_slice();
+    for pg in 0..n {
+        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 0);
+    }
+    p.evict_all();
+    assert_eq!(r.page_states(), (0, 0, n), "every page evicted");
+    r
+}
+
+fn read_all_in_order(r: &tierswap::Region, n: usize) {
+    let mem = r.as_slice();
+    for pg in 0..n {
+        assert!(page_ok(mem, pg, 0), "page {pg}");
+    }
+}
+
+#[test]
+fn sequential_refault_earns_large_swapin_without_a_hint() {
+    let n = 4096;
+    let p = pager("zero,pool", |_| {});
+    let r = evicted_region(&p, n, Hint::Normal);
+    let before = p.stats().counters;
+    read_all_in_order(&r, n);
+    let c = p.stats().counters;
+    let faults = c.faults_swapped - before.faults_swapped;
+    assert!(c.swpin_large >= (n / 16 - 2) as u64, "one large swap-in per 64 KiB: {c:?}");
+    assert!(faults <= (n / 16 + 4) as u64, "{faults} faults for {n} pages");
+    assert_eq!(c.zswpin, n as u64, "every page decompressed once");
+    assert!(c.swpin_large_pages >= (n - 32) as u64);
+}
+
+#[test]
+fn order0_policy_and_random_hint_never_go_large() {
+    let n = 1024;
+    for (policy, hint) in [(SwapinPolicy::Order0, Hint::Sequential), (SwapinPolicy::Locality, Hint::Random)] {
+        let p = pager("zero,pool", |c| c.swapin_policy = policy);
+        let r = evicted_region(&p, n, hint);
+        read_all_in_order(&r, n);
+        let c = p.stats().counters;
+        assert_eq!(c.swpin_large, 0, "{policy:?} {hint:?}");
+        assert_eq!(c.faults_swapped, n as u64, "{policy:?} {hint:?}: one fault per page");
+    }
+}
+
+#[test]
+fn sequential_hint_goes_large_from_the_first_fault_up_to_the_cap() {
+    let n = 2048;
+    let p = pager("zero,pool", |c| c.swapin_max_pages = 128);
+    let r = evicted_region(&p, n, Hint::Sequential);
+    read_all_in_order(&r, n);
+    let c = p.stats().counters;
+    assert_eq!(c.faults_swapped, (n / 128) as u64, "one fault per 512 KiB: {c:?}");
+    assert_eq!(c.swpin_large, (n / 128) as u64);
+}
+
+#[test]
+fn sparse_access_gets_no_large_swapin() {
+    let n = 4096;
+    let p = pager("zero,pool", |_| {});
+    let r = evicted_region(&p, n, Hint::Normal);
+    let mem = r.as_slice();
+    // The first page of every 64 KiB block, in order (stride64_sparse)…
+    for b in 0..n / 16 {
+        assert!(page_ok(mem, b * 16, 0));
+    }
+    // …and one page of each block in a shuffled order (random64_sparse).
+    for k in 0..n / 16 {
+        let b = (k * 97) % (n / 16);
+        assert!(page_ok(mem, b * 16 + 7, 0));
+    }
+    let c = p.stats().counters;
+    assert_eq!(c.swpin_large, 0, "{c:?}");
+    assert_eq!(c.zswpin, 2 * (n / 16) as u64, "only the touched pages came in");
+    assert!(c.swpin_large_veto >= 2 * (n / 16) as u64 - 2);
+}
+
+#[test]
+fn mixed_ranges_are_served_across_backends() {
+    // Per 64 KiB block: zero pages, same-filled pages, counter pages written back to the
+    // file, and counter pages rewritten later that sit in the pool: every large swap-in
+    // spans several backends.
+    let n = 4096;
+    let p = pager("zero,pool,file", |c| {
+        c.budget_bytes = 16 << 20;
+        c.pool_max_bytes = Some(4 << 20);
+    });
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    let mem = r.as_mut_slice();
+    for pg in 0..n {
+        let b = &mut mem[pg * PAGE..(pg + 1) * PAGE];
+        match pg % 16 {
+            0..=2 => b.fill(0),
+            3..=4 => b.fill((pg % 251) as u8 + 1),
+            _ => fill_page(b, pg, 0),
+        }
+    }
+    p.evict_all();
+    let wait_for_writeback = || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while p.stats().pool_total_size > 4 << 20 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    wait_for_writeback();
+    // The pool pages: rewritten, so they are compressed again, into the pool.
+    let mem = r.as_mut_slice();
+    for pg in (0..n).filter(|pg| pg % 16 >= 11) {
+        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 5);
+    }
+    p.evict_all();
+    wait_for_writeback();
+    let s = p.stats();
+    assert!(s.file_pages > 0 && s.pool_stored_pages > 0, "pages in both pool and file: {s:?}");
+    let before = s.counters;
+    let mem = r.as_slice();
+    for pg in 0..n {
+        let b = &mem[pg * PAGE..(pg + 1) * PAGE];
+        let ok = match pg % 16 {
+            0..=2 => b.iter().all(|&x| x == 0),
+            3..=4 => b.iter().all(|&x| x == (pg % 251) as u8 + 1),
+            11.. => page_ok(mem, pg, 5),
+            _ => page_ok(mem, pg, 0),
+        };
+        assert!(ok, "page {pg}");
+    }
+    let c = p.stats().counters;
+    assert!(c.swpin_large_mixed > 0, "large swap-ins spanned backends: {c:?}");
+    assert!(c.pswpin > before.pswpin && c.zswpin > before.zswpin, "{before:?}\n{c:?}");
+    assert!(c.faults_swapped - before.faults_swapped < (n / 4) as u64, "{c:?}");
+}
+
+#[test]
+fn fault_around_maps_staged_neighbours_and_can_be_switched_off() {
+    for on in [true, false] {
+        let n = 1024;
+        let p = pager("zero,pool", |c| c.fault_around = on);
+        let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+        let mem = r.as_mut_slice();
+        for pg in 0..n {
+            fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 3);
+        }
+        // Stage every page (the inactive list) without evicting: deactivate through a
+        // budget squeeze is timing-dependent, so use the test hook.
+        let staged = p.stage_all();
+        assert_eq!(staged, n, "every page staged");
+        let mem = r.as_slice();
+        for pg in 0..n {
+            assert!(page_ok(mem, pg, 3), "page {pg}");
+        }
+        let c = p.stats().counters;
+        if on {
+            assert!(c.fault_around_pages >= (n - n / 16) as u64, "{c:?}");
+            assert!(c.faults_staged <= (n / 16) as u64 + 2);
+        } else {
+            assert_eq!(c.fault_around_pages, 0);
+            assert_eq!(c.faults_staged, n as u64);
+        }
+    }
+}
+
+#[test]
+fn a_quick_refault_is_working_set_and_activated() {
+    let n = 512;
+    let p = pager("zero,pool", |c| c.swapin_policy = SwapinPolicy::Order0);
+    let r = evicted_region(&p, n, Hint::Normal);
+    read_all_in_order(&r, n);
+    let c = p.stats().counters;
+    // 512 evictions ago is well within a 64 MiB budget: every refault activates.
+    assert_eq!(c.workingset_refault, n as u64);
+    assert_eq!(c.workingset_activate, n as u64);
+
+    let p = pager("zero,pool", |c| {
+        c.swapin_policy = SwapinPolicy::Order0;
+        c.workingset = false;
+    });
+    let r = evicted_region(&p, n, Hint::Normal);
+    read_all_in_order(&r, n);
+    assert_eq!(p.stats().counters.workingset_activate, 0);
+}
+
+#[test]
+fn a_long_refault_distance_is_not_working_set() {
+    // 8 MiB budget = 2048 pages; the first pages are refaulted after 8192 more evictions.
+    let n = 8192;
+    let p = pager("zero,pool", |c| {
+        c.budget_bytes = 8 << 20;
+        c.swapin_policy = SwapinPolicy::Order0;
+    });
+    let mut r = p.region(2 * n * PAGE, Hint::Normal).unwrap();
+    let mem = r.as_mut_slice();
+    for pg in 0..2 * n {
+        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 0);
+        if pg == 63 {
+            // Evict the first block early, then everything else much later.
+            p.evict_all();
+        }
+    }
+    p.evict_all();
+    // (Reclaim may also have evicted pages between their first writes: those refaults
+    // are not what this test measures.)
+    let before = p.stats().counters;
+    let mem = r.as_slice();
+    for pg in 0..64 {
+        assert!(page_ok(mem, pg, 0));
+    }
+    let c = p.stats().counters;
+    assert!(c.workingset_refault - before.workingset_refault >= 64);
+    assert_eq!(
+        c.workingset_activate - before.workingset_activate,
+        0,
+        "evicted {} pages ago: not working set",
+        2 * n - 64
+    );
+}
+
+#[test]
+fn clean_pages_are_evicted_again_without_compression_and_writes_are_never_lost() {
+    let n = 2048;
+    let p = pager("zero,pool,file", |c| c.budget_bytes = 64 << 20);
+    let r = evicted_region(&p, n, Hint::Normal);
+    let first = p.stats().counters;
+    assert_eq!(first.zswpout, n as u64);
+
+    // Read everything back: pages come in clean, keeping their slots.
+    read_all_in_order(&r, n);
+    assert_eq!(p.evict_all(), n);
+    let c = p.stats().counters;
+    assert_eq!(c.swpout_clean, n as u64, "every page was clean: {c:?}");
+    assert_eq!(c.zswpout, first.zswpout, "no page compressed again");
+
+    // Read again, then write every third page: those lose their slot and are compressed
+    // again; their new bytes, never the old slot's, come back.
+    read_all_in_order(&r, n);
+    let ptr = r.as_ptr();
+    for pg in (0..n).step_by(3) {
+        // SAFETY: pg < n, within the region, which this test owns; no other reference to
+        // these bytes is alive while writing.
+        let page = unsafe { std::slice::from_raw_parts_mut(ptr.add(pg * PAGE), PAGE) };
+        fill_page(page, pg, 99);
+    }
+    let written = n.div_ceil(3) as u64;
+    assert!(p.stats().counters.faults_wp > 0, "writes to clean pages fault");
+    let before = p.stats().counters;
+    assert_eq!(p.evict_all(), n);
+    let c = p.stats().counters;
+    let recompressed = c.zswpout - before.zswpout;
+    // A write gives up the slots of its whole 64 KiB block, so unwritten neighbours of a
+    // written page are compressed again too; pages of untouched blocks stay clean.
+    assert!(recompressed >= written, "written pages compressed again: {recompressed}");
+    assert_eq!(recompressed + (c.swpout_clean - before.swpout_clean), n as u64);
+    let mem = r.as_slice();
+    for pg in 0..n {
+        let salt = if pg % 3 == 0 { 99 } else { 0 };
+        assert!(page_ok(mem, pg, salt), "page {pg} has its latest bytes");
+    }
+    drop(r);
+    assert_eq!(p.stats().swap_slots, 0, "kept slots are freed with the region");
+}
+
+#[test]
+fn clean_tracking_can_be_switched_off() {
+    let n = 512;
+    let p = pager("zero,pool", |c| c.keep_clean = false);
+    let r = evicted_region(&p, n, Hint::Normal);
+    read_all_in_order(&r, n);
+    assert_eq!(p.evict_all(), n);
+    let c = p.stats().counters;
+    assert_eq!((c.swpout_clean, c.zswpout), (0, 2 * n as u64));
+    read_all_in_order(&r, n);
+}
+
+#[test]
+fn threads_writing_and_reading_clean_and_large_pages_lose_nothing() {
+    let n = 4096;
+    let p = std::sync::Arc::new(pager("zero,pool,file", |c| c.budget_bytes = 8 << 20));
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    let mem = r.as_mut_slice();
+    for pg in 0..n {
+        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 0);
+    }
+    let base = r.as_ptr() as usize;
+    let threads: Vec<_> = (0..3usize)
+        .map(|t| {
+            std::thread::spawn(move || {
+                // Thread t owns pages with pg % 3 == t: reads them in order, rewrites every
+                // other pass, and checks the latest version each time.
+                let mut salt = 0u64;
+                for pass in 0..4u64 {
+                    for pg in (t..n).step_by(3) {
+                        // SAFETY: only thread t touches these pages; the region outlives
+                        // the threads (joined below).
+                        let page = unsafe { std::slice::from_raw_parts_mut((base + pg * PAGE) as *mut u8, PAGE) };
+                        let ok = page
+                            .chunks_exact(8)
+                            .enumerate()
+                            .all(|(i, w)| w == ((pg as u64) * 512 + i as u64 + salt).to_le_bytes());
+                        assert!(ok, "thread {t} pass {pass} page {pg}");
+                        if pass % 2 == 1 {
+                            fill_page(page, pg, pass);
+                        }
+                    }
+                    if pass % 2 == 1 {
+                        salt = pass;
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in threads {
+        h.join().unwrap();
+    }
+    let c = p.stats().counters;
+    assert!(c.faults_swapped > 0 && c.zswpin > 0, "{c:?}");
+}
