@@ -15,7 +15,7 @@ use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
@@ -34,6 +34,8 @@ pub enum Override {
     Workingset(bool),
     /// `keep-clean` / `no-keep-clean`.
     KeepClean(bool),
+    /// `spin=US`: the fault threads' adaptive spin.
+    SpinUs(u32),
     /// `encrypt` / `no-encrypt`.
     Encrypt(bool),
 }
@@ -48,6 +50,7 @@ impl Override {
             Override::Workingset(on) => config.workingset = on,
             Override::KeepClean(on) => config.keep_clean = on,
             Override::Encrypt(on) => config.encrypt = on,
+            Override::SpinUs(us) => config.fault_spin_us = us,
         }
     }
 
@@ -80,6 +83,15 @@ impl Override {
             "no-fault-around" => switch(Override::FaultAround, false),
             "workingset" => switch(Override::Workingset, true),
             "no-workingset" => switch(Override::Workingset, false),
+            "spin" => value
+                .ok_or_else(|| needs("50"))?
+                .parse::<u32>()
+                .ok()
+                .filter(|us| *us <= 100_000)
+                .map(Override::SpinUs)
+                .ok_or_else(|| {
+                    format!("spin '{}' is not a number of microseconds from 0 to 100000, e.g. spin=50", value.unwrap_or(""))
+                }),
             "keep-clean" => switch(Override::KeepClean, true),
             "no-keep-clean" => switch(Override::KeepClean, false),
             "encrypt" => switch(Override::Encrypt, true),

@@ -10,6 +10,8 @@ pub const MIN_BUDGET_BYTES: u64 = 4 << 20;
 
 /// Default largest swap-in: 64 KiB, the reference RFC's order (000).
 pub const DEFAULT_SWAPIN_MAX_PAGES: u32 = 16;
+/// Default adaptive spin of the fault threads, µs (see `PagerConfig::fault_spin_us`).
+pub const DEFAULT_FAULT_SPIN_US: u32 = 0;
 /// Largest swap-in a user may ask for: 2 MiB.
 pub const MAX_SWAPIN_PAGES: u32 = 512;
 
@@ -136,6 +138,10 @@ pub struct PagerConfig {
     /// Encrypt and authenticate the file tier's records (ChaCha20-Poly1305, an ephemeral
     /// per-pager key); `false` keeps only the crc32c checksum.
     pub encrypt: bool,
+    /// Microseconds a fault thread keeps polling the userfaultfd after serving a fault
+    /// before it sleeps (faults come in bursts; waking a sleeping thread on another CPU costs
+    /// tens of µs on VMs, DESIGN §9). 0 sleeps at once.
+    pub fault_spin_us: u32,
 }
 
 /// How the fault path picks the size of a swap-in.
@@ -179,6 +185,7 @@ impl Default for PagerConfig {
             workingset: true,
             keep_clean: true,
             encrypt: true,
+            fault_spin_us: DEFAULT_FAULT_SPIN_US,
         }
     }
 }

@@ -75,16 +75,29 @@ pub(crate) fn fault_thread(s: Arc<Shared>) {
         Err(e) => fatal(&format!("a fault thread cannot map its buffers: {e}")),
     };
     let mut events = Vec::with_capacity(64);
+    let spin = Duration::from_micros(s.config.fault_spin_us as u64);
+    // When this thread last served something: it polls without sleeping until `spin` after.
+    let mut last_served: Option<Instant> = None;
     while !s.shutdown.load(Ordering::Acquire) {
-        match s.uffd.poll_readable(200, Some(s.stop_fd.as_raw_fd())) {
-            Ok(r) if r.uffd => {}
-            Ok(_) => continue,
-            Err(e) => fatal(&format!("polling the userfaultfd failed: {e}")),
+        let spinning = last_served.is_some_and(|t| t.elapsed() < spin);
+        if !spinning {
+            match s.uffd.poll_readable(200, Some(s.stop_fd.as_raw_fd())) {
+                Ok(r) if r.uffd => {}
+                Ok(_) => continue,
+                Err(e) => fatal(&format!("polling the userfaultfd failed: {e}")),
+            }
         }
         events.clear();
         match s.uffd.read_events(&mut events, 64) {
+            Ok(0) if spinning => {
+                std::hint::spin_loop();
+                continue;
+            }
             Ok(_) => {}
             Err(e) => fatal(&format!("reading the userfaultfd failed: {e}")),
+        }
+        if !spin.is_zero() && !events.is_empty() {
+            last_served = Some(Instant::now());
         }
         for ev in events.drain(..) {
             match ev {
