@@ -166,8 +166,10 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             finish_fault(s, t0);
             // The program runs again only now: its pte and the counters are final.
             let _ = s.uffd.wake(r.page_addr(first), n * PAGE_SIZE);
-            if tag == Some(Tag::File) {
+            if tag == Some(Tag::File) && n == 1 {
                 // The program runs again already; read its likely next pages meanwhile.
+                // (A large swap-in is its own prefetch: reading ahead past it would stage
+                // the stream's next pages, each then costing a fault of its own.)
                 let window = r.ra.next(idx, r.hint, s.config.readahead_max_pages);
                 if window <= 1 {
                     s.counters.swap_ra_off.fetch_add(1, Ordering::Relaxed);
@@ -230,7 +232,12 @@ fn swap_in(
     if d.vetoed {
         s.counters.swpin_large_veto.fetch_add(1, Ordering::Relaxed);
     }
-    let (first, end) = if d.pages > 1 { range_of(idx, d.pages, r.n_pages) } else { (idx, idx + 1) };
+    let mut pages = d.pages;
+    if pages as usize > BLOCK_PAGES && !mostly_swapped(s, r, range_of(idx, pages, r.n_pages)) {
+        // A large window over memory that is mostly in already: the 64 KiB block will do.
+        pages = BLOCK_PAGES as u32;
+    }
+    let (first, end) = if pages > 1 { range_of(idx, pages, r.n_pages) } else { (idx, idx + 1) };
     let n = end - first;
     let plan = &mut scratch.plan;
     plan.clear();
@@ -414,6 +421,21 @@ fn swap_in(
     }
     r.locality.note_swapin(hi);
     (from_tag, first, n)
+}
+
+/// Bounded sampling for windows beyond 64 KiB (up to 2 MiB): 16 ptes spread over the range
+/// decide whether it is worth probing page by page: at least half of them swapped.
+fn mostly_swapped(s: &Shared, r: &RegionInner, (first, end): (usize, usize)) -> bool {
+    const SAMPLES: usize = 16;
+    let n = end - first;
+    let swapped = (0..SAMPLES)
+        .map(|k| first + k * n / SAMPLES)
+        .filter(|&j| {
+            let p = r.ptes.load(j);
+            p.state() == PteState::Swapped && !p.locked() && s.swap.load(p.payload()).count() == 1
+        })
+        .count();
+    swapped * 2 >= SAMPLES
 }
 
 /// Workingset detection on the refault of `slot`: if the page was evicted so recently that
