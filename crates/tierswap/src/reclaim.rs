@@ -703,9 +703,10 @@ enum Stored {
     Keep,
 }
 
-/// Stages and evicts every present and staged page of every region now, on the calling
-/// thread (tests and the lab's forced swap-out). Returns pages evicted.
-pub(crate) fn evict_everything(s: &Arc<Shared>) -> usize {
+/// Runs `per_block(reclaim, region, block)` over every block of every live region now, on
+/// the calling thread, with the region's reclaim lock held; returns the sum of what it
+/// returned.
+fn for_every_block(s: &Arc<Shared>, mut per_block: impl FnMut(&mut Reclaim, &RegionInner, usize) -> usize) -> usize {
     let mut r = match Reclaim::new(s.clone()) {
         Ok(r) => r,
         Err(e) => {
@@ -713,46 +714,39 @@ pub(crate) fn evict_everything(s: &Arc<Shared>) -> usize {
             return 0;
         }
     };
-    let mut evicted = 0;
+    let mut total = 0;
     for region in r.regions() {
         let _guard = region.reclaim_lock.lock().unwrap_or_else(|e| e.into_inner());
         if region.dead.load(Ordering::Acquire) {
             continue;
         }
         for b in 0..region.n_pages.div_ceil(BLOCK_PAGES) {
-            let staged = r.deactivate_block(&region, b, true);
-            r.s.counters.pgdeactivate.fetch_add(staged as u64, Ordering::Relaxed);
-            evicted += r.evict_block(&region, b);
+            total += per_block(&mut r, &region, b);
         }
     }
     r.notify_room();
-    evicted
+    total
+}
+
+/// Stages and evicts every present and staged page of every region now, on the calling
+/// thread (tests and the lab's forced swap-out). Returns pages evicted.
+pub(crate) fn evict_everything(s: &Arc<Shared>) -> usize {
+    for_every_block(s, |r, region, b| {
+        let staged = r.deactivate_block(region, b, true);
+        r.s.counters.pgdeactivate.fetch_add(staged as u64, Ordering::Relaxed);
+        r.evict_block(region, b)
+    })
 }
 
 /// Stages every present page of every region now, on the calling thread, without evicting
 /// (tests of the inactive list). Returns pages staged.
 pub(crate) fn stage_everything(s: &Arc<Shared>) -> usize {
-    let mut r = match Reclaim::new(s.clone()) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("tierswap: cannot set up staging: {e}");
-            return 0;
+    for_every_block(s, |r, region, b| {
+        let n = r.deactivate_block(region, b, true);
+        if n > 0 {
+            r.s.counters.pgdeactivate.fetch_add(n as u64, Ordering::Relaxed);
+            r.s.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((region.id, b));
         }
-    };
-    let mut staged = 0;
-    for region in r.regions() {
-        let _guard = region.reclaim_lock.lock().unwrap_or_else(|e| e.into_inner());
-        if region.dead.load(Ordering::Acquire) {
-            continue;
-        }
-        for b in 0..region.n_pages.div_ceil(BLOCK_PAGES) {
-            let n = r.deactivate_block(&region, b, true);
-            if n > 0 {
-                staged += n;
-                r.s.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((region.id, b));
-            }
-        }
-    }
-    r.s.counters.pgdeactivate.fetch_add(staged as u64, Ordering::Relaxed);
-    staged
+        n
+    })
 }
