@@ -2,7 +2,7 @@
 //!
 //! A [`Pager`] hands out [`Region`]s: ordinary anonymous memory that tierswap keeps
 //! under a memory budget by moving cold pages to tiers (zero / same-filled, a compressed
-//! in-memory pool, a checksummed disk file) and bringing them back on the next touch.
+//! in-memory pool, a disk file whose records are encrypted and authenticated) and bringing them back on the next touch.
 //!
 //! Layers, top to bottom (each knows only the one below it):
 //! - [`pager`]: regions, the fault threads ([`fault`]) and the reclaim thread ([`reclaim`]);
