@@ -310,7 +310,9 @@ fn swap_in(
     }
 
     // Install runs of pages of one kind: one ioctl each, no wake until the end.
-    let dontwake = true;
+    // A write to a zero page gets a zeroed copy of its own (saving the write fault after);
+    // its zero neighbours share one UFFDIO_ZEROPAGE.
+    let zero_copy_at = write.then_some(idx - first).filter(|&k| plan[k].kind == Kind::Zero);
     let mut k = 0;
     while k < n {
         let p = plan[k];
@@ -319,7 +321,12 @@ fn swap_in(
             continue;
         }
         let run = k;
-        while k + 1 < n && plan[k + 1].kind == p.kind && plan[k + 1].keep == p.keep {
+        while k + 1 < n
+            && plan[k + 1].kind == p.kind
+            && plan[k + 1].keep == p.keep
+            && zero_copy_at != Some(k)
+            && zero_copy_at != Some(k + 1)
+        {
             k += 1;
         }
         k += 1;
@@ -328,21 +335,13 @@ fn swap_in(
         let res = match p.kind {
             Kind::Data => {
                 let bytes = &scratch.range.as_slice()[run * PAGE_SIZE..k * PAGE_SIZE];
-                s.uffd.copy(addr, bytes, dontwake, p.keep)
+                s.uffd.copy(addr, bytes, true, p.keep)
             }
-            _ if write && first + run <= idx && idx < first + k => {
-                // A write to a zero page: a zeroed copy saves the write fault after.
+            _ if zero_copy_at == Some(run) => {
                 static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
-                let mut res = Ok(0);
-                for i in run..k {
-                    if let Err(e) = s.uffd.copy(r.page_addr(first + i), &ZERO_PAGE, dontwake, false) {
-                        res = Err(e);
-                        break;
-                    }
-                }
-                res
+                s.uffd.copy(addr, &ZERO_PAGE, true, false)
             }
-            _ => s.uffd.zeropage(addr, len, dontwake),
+            _ => s.uffd.zeropage(addr, len, true),
         };
         if let Err(e) = res {
             // Pages the kernel did not install stay swapped, their slots intact (the

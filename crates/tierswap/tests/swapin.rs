@@ -352,3 +352,22 @@ fn threads_writing_and_reading_clean_and_large_pages_lose_nothing() {
     let c = p.stats().counters;
     assert!(c.faults_swapped > 0 && c.zswpin > 0, "{c:?}");
 }
+
+#[test]
+fn a_write_into_a_large_zero_range_lands_and_the_rest_stays_zero() {
+    let n = 64;
+    let p = pager("zero,pool", |_| {});
+    let mut r = p.region(n * PAGE, Hint::Sequential).unwrap();
+    r.as_mut_slice().fill(0);
+    p.evict_all();
+    assert_eq!(r.page_states(), (0, 0, n));
+    // A write fault in the middle of a 64 KiB run of zero pages: that page gets a zeroed
+    // copy, its neighbours the zero page, all in one swap-in.
+    r.as_mut_slice()[5 * PAGE + 17] = 0xab;
+    let c = p.stats().counters;
+    assert_eq!((c.swpin_large, c.swpin_zero), (1, 16), "{c:?}");
+    let mem = r.as_slice();
+    for (i, &b) in mem.iter().enumerate() {
+        assert_eq!(b, if i == 5 * PAGE + 17 { 0xab } else { 0 }, "byte {i}");
+    }
+}
