@@ -517,6 +517,27 @@ impl Pager {
         Ok(Region { inner, shared: self.shared.clone(), _threads: self.threads.clone() })
     }
 
+    /// Maps `len_bytes` (rounded up to pages) of managed memory that the *program* owns, as
+    /// if it came from mmap: the program frees it with munmap, moves or resizes it with
+    /// mremap and empties it with madvise(MADV_DONTNEED / MADV_FREE), and the pager follows
+    /// (userfaultfd REMOVE / UNMAP / REMAP events). For the LD_PRELOAD shim.
+    ///
+    /// Placeholder until the events land: the region stays registered until the pager ends.
+    pub fn map_detached(&self, len_bytes: usize, hint: Hint) -> Result<*mut u8> {
+        let r = self.region(len_bytes, hint)?;
+        let p = r.as_ptr();
+        std::mem::forget(r);
+        Ok(p)
+    }
+
+    /// The managed mapping holding `addr`, as (first byte, length in bytes).
+    pub fn mapping_of(&self, addr: usize) -> Option<(usize, usize)> {
+        match self.shared.lookup(addr) {
+            Lookup::Region(r, _) => Some((r.start, r.len_bytes())),
+            _ => None,
+        }
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> &PagerConfig {
         &self.shared.config
