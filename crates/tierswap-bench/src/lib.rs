@@ -14,6 +14,7 @@ pub mod machine;
 pub mod metadata;
 pub mod plot;
 pub mod progress;
+pub mod redis;
 pub mod report;
 pub mod tierswap_engine;
 pub mod variant;

@@ -136,6 +136,39 @@ enum BenchWhat {
     },
     /// Put back the swap, zswap, zram and cgroup settings a killed lab left behind.
     Restore,
+    /// An unmodified redis-server (Debian's) loaded with reproducible keys, every value read
+    /// back and compared, GET throughput (redis-benchmark -t get -P 32 -c 12) and a BGSAVE
+    /// whose RDB must load into a fresh server — unconstrained, in a memcg with kernel zswap,
+    /// and under `tierswap run`, side by side (root; needs redis-server and redis-tools).
+    Redis {
+        /// Keys to load.
+        #[arg(long, default_value_t = 1_000_000)]
+        keys: u64,
+        /// Bytes per value.
+        #[arg(long, default_value = "1K")]
+        value_size: String,
+        /// The budget of the constrained setups (memcg limit, tierswap run --budget).
+        #[arg(long, default_value = "256M")]
+        budget: String,
+        /// Setups, comma-separated, run alternately: unconstrained, kernel-zswap, tierswap.
+        #[arg(long, default_value = "unconstrained,kernel-zswap,tierswap")]
+        setups: String,
+        /// Rounds of every setup (the table shows medians).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// GET requests redis-benchmark makes per run.
+        #[arg(long, default_value_t = 2_000_000)]
+        get_requests: u64,
+        /// Skip BGSAVE and the RDB check.
+        #[arg(long)]
+        no_bgsave: bool,
+        /// Directory for the kernel setup's swap file and the RDB files (a disk filesystem).
+        #[arg(long, default_value = "/var/tmp")]
+        dir: PathBuf,
+        /// Also write every run as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Bytes of metadata per swapped page, ours and the kernel's.
     Metadata {
         /// Bytes to swap out.
@@ -189,6 +222,33 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
             let rows = tierswap_bench::floor::measure(bytes);
             print!("{}", tierswap_bench::floor::table(&rows, bytes));
             return Ok(ExitCode::SUCCESS);
+        }
+        Some(BenchWhat::Redis { keys, value_size, budget, setups, runs, get_requests, no_bgsave, dir, json }) => {
+            let value_bytes = size("--value-size", value_size)? as usize;
+            if value_bytes == 0 || *keys == 0 || *runs == 0 {
+                return Err(UserError("--keys, --value-size and --runs must be more than 0".into()));
+            }
+            let exe = std::env::current_exe().map_err(|e| UserError(format!("cannot find this program: {e}")))?;
+            let spec = tierswap_bench::redis::RedisSpec {
+                keys: *keys,
+                value_bytes,
+                budget_bytes: size("--budget", budget)?,
+                setups: tierswap_bench::redis::Setup::parse_list(setups)?,
+                runs: *runs,
+                get_requests: *get_requests,
+                tierswap_bin: exe,
+                work_dir: dir.clone(),
+                bgsave: !no_bgsave,
+            };
+            lab::install_interrupt_handler();
+            let all = tierswap_bench::redis::run(&spec, progress)?;
+            print!("{}", tierswap_bench::redis::table(&spec, &all));
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&all)?;
+                std::fs::write(path, text).map_err(|e| UserError(format!("cannot write {}: {e}", path.display())))?;
+            }
+            let bad = all.iter().any(|r| r.error.is_some() || r.mismatches > 0 || r.bgsave_ok == Some(false));
+            return Ok(if bad { ExitCode::FAILURE } else { ExitCode::SUCCESS });
         }
         Some(BenchWhat::Metadata { swapped }) => {
             let bytes = size("--swapped", swapped)?;
