@@ -269,10 +269,11 @@ impl ServeContext {
             match peer_cred(&conn) {
                 Ok(cred) if cred.uid == our_uid || cred.uid == 0 => self.answer(conn, &stats),
                 Ok(cred) => eprintln!(
-                    "tierswap: control socket {}: refused pid {} uid {}: only uid {our_uid} or root may read this process's counters",
+                    "tierswap: control socket {}: refused pid {} uid {}: only {} may read this process's counters",
                     self.path.display(),
                     cred.pid,
-                    cred.uid
+                    cred.uid,
+                    if our_uid == 0 { "root".to_string() } else { format!("uid {our_uid} or root") }
                 ),
                 Err(e) => eprintln!(
                     "tierswap: control socket {}: refused a connection whose credentials cannot be read: {e}",
