@@ -8,6 +8,8 @@ use tierswap::{parse_size, Compressor, PagerConfig, SwapinPolicy, Tiers};
 use tierswap_bench::variant::{parse_engines, swapin_max_pages};
 use tierswap_bench::{lab, make_engine, report, KernelOptions, RunSpec, WorkloadKind};
 
+mod stat;
+
 /// tierswap: keep a program's memory under a budget with compressed and disk tiers, on
 /// userfaultfd. Sizes take K, M, G, T suffixes (powers of 1024).
 #[derive(Parser)]
@@ -27,11 +29,8 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Live counters of a running pager (not built yet).
-    Stat {
-        /// Process id.
-        pid: Option<u32>,
-    },
+    /// Live counters of running pagers: a list, or one process's table / JSON / Prometheus.
+    Stat(stat::StatArgs),
     /// Internal: a kernel engine's workload child.
     #[command(name = "__bench-child", hide = true)]
     BenchChild {
@@ -197,7 +196,7 @@ fn main() -> ExitCode {
         Command::Run { .. } => {
             Err(UserError("`tierswap run` is not built yet (issue 7); use the library or `tierswap bench`".into()))
         }
-        Command::Stat { .. } => Err(UserError("`tierswap stat` is not built yet (issue 7)".into())),
+        Command::Stat(a) => Ok(stat::run(a)),
         Command::BenchChild { arg } => Ok(ExitCode::from(tierswap_bench::kernel::child_main(&arg) as u8)),
     };
     match res {

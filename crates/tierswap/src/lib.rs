@@ -16,6 +16,7 @@
 
 pub mod backend;
 pub mod config;
+pub mod control;
 pub mod fault;
 pub mod page;
 pub mod pager;
