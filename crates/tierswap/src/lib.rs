@@ -17,6 +17,7 @@
 pub mod backend;
 pub mod config;
 pub mod fault;
+pub mod inject;
 pub mod page;
 pub mod pager;
 pub mod pagetable;
