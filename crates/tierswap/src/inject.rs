@@ -382,7 +382,11 @@ mod imp {
         let kinds = Kind::ALL
             .into_iter()
             .filter(|k| NUM[k.idx()].load(Relaxed) > 0)
-            .map(|k| KindReport { kind: k.name(), calls: CALLS[k.idx()].load(Relaxed), injected: HITS[k.idx()].load(Relaxed) })
+            .map(|k| KindReport {
+                kind: k.name(),
+                calls: CALLS[k.idx()].load(Relaxed),
+                injected: HITS[k.idx()].load(Relaxed),
+            })
             .collect();
         Report { kinds }
     }
