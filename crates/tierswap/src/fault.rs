@@ -116,6 +116,7 @@ pub(crate) fn fatal(msg: &str) -> ! {
 }
 
 fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
+    crate::inject::fault_stall();
     let t0 = Instant::now();
     let page_addr = addr & !(PAGE_SIZE - 1);
     let (r, idx) = match s.lookup(page_addr) {

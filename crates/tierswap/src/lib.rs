@@ -18,6 +18,7 @@ pub mod backend;
 pub mod config;
 pub mod control;
 pub mod fault;
+pub mod inject;
 pub mod page;
 pub mod pager;
 pub mod pagetable;

@@ -640,6 +640,7 @@ impl Pager {
 /// Runs a pager thread; if it panics, the program's memory can no longer be served and
 /// would hang on its next fault: abort loudly instead (DESIGN §6).
 fn guarded(what: &str, body: impl FnOnce()) {
+    crate::sys::block_signals();
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).is_err() {
         crate::fault::fatal(&format!("{what} panicked"));
     }

@@ -92,3 +92,23 @@ pub fn is_resident(addr: usize) -> bool {
     let r = unsafe { libc::mincore(addr as *mut libc::c_void, crate::page::PAGE_SIZE, &mut vec) };
     r == 0 && vec & 1 == 1
 }
+
+/// Blocks every asynchronous signal on the calling thread (pager threads call it first):
+/// a program's signal handler must never run on a pager thread (it may take a lock of the
+/// program's or expect its own thread), and a signal must never interrupt a pager thread
+/// mid-ioctl. Synchronous signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS) stay
+/// open: blocking them would not stop them and would hide a crash. glibc keeps its own
+/// internal signals open whatever we ask.
+pub(crate) fn block_signals() {
+    // SAFETY: sigset_t is plain data; the calls fill and apply a set on our stack to the
+    // calling thread only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for sig in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP, libc::SIGSYS] {
+            libc::sigdelset(&mut set, sig);
+        }
+        // Cannot fail with a valid `how` and set.
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}

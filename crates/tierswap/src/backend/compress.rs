@@ -51,7 +51,7 @@ pub fn compress(c: Compressor, src: &[u8], dst: &mut [u8], limit: usize) -> Opti
             z.compress_to_buffer(src, dst).ok()
         }),
     };
-    n.filter(|&n| n <= limit)
+    crate::inject::compressed(n.filter(|&n| n <= limit))
 }
 
 /// Decompresses `src` into `dst`, which must come out exactly full (one page).

@@ -21,7 +21,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -621,7 +621,7 @@ impl FileTier {
             // The tail past the last record may hold an earlier unit's bytes: zeros go to disk.
             let used = w.used_bytes;
             w.buf.as_mut_slice()[used..len].fill(0);
-            match self.file.write_all_at(&w.buf.as_slice()[..len], offset) {
+            match crate::inject::write_all_at(&self.file, &w.buf.as_slice()[..len], offset) {
                 Ok(()) => Ok(()),
                 Err(source) => {
                     let n = w.records();
@@ -660,7 +660,7 @@ impl FileTier {
         let window = (end - start) as usize;
         assert!(window <= scratch.len(), "read scratch too small");
         let buf = &mut scratch.as_mut_slice()[..window];
-        self.file.read_exact_at(buf, start).map_err(|source| FileError::Io { op: "read", offset, source })?;
+        crate::inject::read_exact_at(&self.file, buf, start).map_err(|source| FileError::Io { op: "read", offset, source })?;
         let at = (offset - start) as usize;
         self.sealer.open_record(&buf[at..at + rec], &self.place(offset, len, slot, generation), out)
     }
@@ -692,7 +692,7 @@ impl FileTier {
             let mut got = 0;
             // The tail unit may be shorter on disk than a full unit.
             while got < buf.len() {
-                match self.file.read_at(&mut buf[got..], base + got as u64) {
+                match crate::inject::read_at(&self.file, &mut buf[got..], base + got as u64) {
                     Ok(0) => break,
                     Ok(n) => got += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -917,6 +917,7 @@ fn nanos() -> u128 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::os::unix::fs::FileExt;
 
     fn tier(encrypt: bool) -> FileTier {
         FileTier::create(&std::env::temp_dir(), DEFAULT_UNIT_BYTES, encrypt).unwrap()

@@ -239,6 +239,9 @@ impl Pool {
         if len == 0 || len > PAGE_SIZE {
             return Err(PoolError::BadLength(len));
         }
+        if crate::inject::hit(crate::inject::Kind::PoolAlloc) {
+            return Err(PoolError::Full { arena_bytes: self.arena_bytes });
+        }
         let c = Self::class_of(len);
         let shape = self.shapes[c];
         let mut class = self.classes[c].lock().unwrap_or_else(|e| e.into_inner());
