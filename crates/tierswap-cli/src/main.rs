@@ -8,6 +8,7 @@ use tierswap::{parse_size, Compressor, PagerConfig, SwapinPolicy, Tiers};
 use tierswap_bench::variant::{parse_engines, swapin_max_pages};
 use tierswap_bench::{lab, make_engine, report, KernelOptions, RunSpec, WorkloadKind};
 
+mod run;
 mod stat;
 
 /// tierswap: keep a program's memory under a budget with compressed and disk tiers, on
@@ -23,12 +24,8 @@ struct Cli {
 enum Command {
     /// The benchmark lab: workloads against tierswap and the kernel's zswap, zram and disk swap.
     Bench(Bench),
-    /// Run a program with its anonymous memory under a budget (not built yet).
-    Run {
-        /// Program and arguments.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
+    /// Run a program with its anonymous memory under a budget (LD_PRELOAD shim).
+    Run(run::RunArgs),
     /// Live counters of running pagers: a list, or one process's table / JSON / Prometheus.
     Stat(stat::StatArgs),
     /// Internal: a kernel engine's workload child.
@@ -193,9 +190,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.command {
         Command::Bench(b) => bench(b),
-        Command::Run { .. } => {
-            Err(UserError("`tierswap run` is not built yet (issue 7); use the library or `tierswap bench`".into()))
-        }
+        Command::Run(r) => return run::run(r),
         Command::Stat(a) => Ok(stat::run(a)),
         Command::BenchChild { arg } => Ok(ExitCode::from(tierswap_bench::kernel::child_main(&arg) as u8)),
     };

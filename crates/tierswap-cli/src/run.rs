@@ -1,0 +1,210 @@
+//! `tierswap run`: runs an unmodified program with its anonymous memory under a budget.
+//!
+//! Checks the flags, finds `libtierswap_preload.so`, puts it in `LD_PRELOAD` with the
+//! settings in `TIERSWAP_*` variables (the shim reads them in its constructor) and execs
+//! the program: the process *is* the program, so its exit status and signals reach the
+//! caller unchanged.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Args;
+use tierswap::{parse_size, PagerConfig, Tiers};
+
+/// The variables the shim reads, all set (or removed) by `run` so a stale one in the
+/// caller's environment cannot change the run.
+const OWNED_VARS: [&str; 8] = [
+    "TIERSWAP_BUDGET",
+    "TIERSWAP_TIERS",
+    "TIERSWAP_POOL_MAX",
+    "TIERSWAP_SWAP_DIR",
+    "TIERSWAP_MIN_SIZE",
+    "TIERSWAP_MALLOC",
+    "TIERSWAP_STRICT",
+    "TIERSWAP_STATS_ON_EXIT",
+];
+
+/// The shim's file name.
+const PRELOAD_NAME: &str = "libtierswap_preload.so";
+
+const LONG_ABOUT: &str = "\
+Runs PROG with its anonymous memory under a budget: cold pages go to a compressed pool \
+in memory and a disk file (unlinked, 0600, encrypted) and come back on the next touch.
+
+Managed: anonymous private read-write mmaps of at least --min-size; and malloc, calloc, \
+realloc, posix_memalign, aligned_alloc, memalign, valloc (--malloc all: every size, from \
+the shim's own heap on managed memory; --malloc large: only sizes of at least --min-size; \
+--malloc off: none). munmap, mremap and madvise pass through and the pager follows them \
+(MADV_FREE on managed memory becomes MADV_DONTNEED).
+
+Not managed: file mappings, shared memory (MAP_SHARED, shm, memfd), thread stacks, \
+MAP_FIXED mappings, memory the program maps before the shim starts, memory of programs \
+that do not use the dynamic libc (static binaries), setuid programs (the loader ignores \
+LD_PRELOAD for them), and the brk heap glibc grows itself when --malloc is off.
+
+fork: a child manages nothing new; what was managed before the fork stays managed. \
+exec: LD_PRELOAD is inherited, so an exec'd program gets a pager of its own with the \
+same settings.
+
+Exit status: PROG's own (run execs it, signals included). 2 when run cannot start it: a bad \
+flag, a missing program (shells say 127; tierswap says 2 so every failure of its own is 2), \
+or, with --strict, a pager that cannot start (no userfaultfd permission, old kernel). \
+Without --strict such a program runs unmanaged after one warning on stderr.
+
+The shim is libtierswap_preload.so beside the tierswap binary, or the file named by \
+TIERSWAP_PRELOAD.";
+
+/// `tierswap run` flags.
+#[derive(Args)]
+#[command(long_about = LONG_ABOUT)]
+pub struct RunArgs {
+    /// Memory budget: managed pages present + staged + the pool + metadata stay under it.
+    #[arg(long, default_value = "256M")]
+    budget: String,
+    /// Tiers, comma-separated from zero, pool, file.
+    #[arg(long, default_value = "zero,pool,file")]
+    tiers: String,
+    /// The pool's limit before writeback to the file: bytes (64M) or a percentage of the budget (25%).
+    #[arg(long)]
+    pool_max: Option<String>,
+    /// Directory of the swap file (default $TMPDIR or /tmp).
+    #[arg(long)]
+    swap_dir: Option<PathBuf>,
+    /// Smallest mmap that is managed (and, with --malloc large, smallest malloc).
+    #[arg(long, default_value = "1M")]
+    min_size: String,
+    /// Which mallocs are managed: all, large (at least --min-size) or off.
+    #[arg(long, default_value = "all")]
+    malloc: String,
+    /// Exit 2 instead of running unmanaged when the pager cannot start.
+    #[arg(long)]
+    strict: bool,
+    /// Write the pager's counters as JSON to this file when the program exits (%p: its pid).
+    #[arg(long)]
+    stats_on_exit: Option<PathBuf>,
+    /// One line on stderr when each pager starts and when its program exits.
+    #[arg(long)]
+    log: bool,
+    /// The program and its arguments (after --).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROG ARGS")]
+    command: Vec<OsString>,
+}
+
+/// Runs `tierswap run`: returns only on failure (exit 2 and one line on stderr).
+pub fn run(a: RunArgs) -> ExitCode {
+    match prepare(&a) {
+        Ok(mut cmd) => {
+            let err = cmd.exec();
+            let prog = a.command.first().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+            fail(&format!("cannot run '{prog}': {}", os_message(&err)))
+        }
+        Err(msg) => fail(&msg),
+    }
+}
+
+fn fail(msg: &str) -> ExitCode {
+    let line: String = msg.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect();
+    eprintln!("tierswap run: {line}");
+    ExitCode::from(2)
+}
+
+/// "No such file or directory", without std's " (os error 2)".
+fn os_message(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+/// Checks every flag and builds the command to exec.
+fn prepare(a: &RunArgs) -> Result<std::process::Command, String> {
+    let size = |flag: &str, v: &str| parse_size(v).map_err(|e| format!("{flag} '{v}': {e}"));
+    let budget_bytes = size("--budget", &a.budget)?;
+    let tiers: Tiers = a.tiers.parse().map_err(|e| format!("--tiers '{}': {e}", a.tiers))?;
+    let pool_max_bytes = match &a.pool_max {
+        None => None,
+        Some(p) if p.trim_end().ends_with('%') => {
+            let t = p.trim();
+            let pct: f64 = t[..t.len() - 1]
+                .trim()
+                .parse()
+                .ok()
+                .filter(|v: &f64| (0.0..=100.0).contains(v))
+                .ok_or_else(|| format!("--pool-max '{p}': give bytes like 64M or a percentage from 0% to 100%"))?;
+            Some((budget_bytes as f64 * pct / 100.0) as u64)
+        }
+        Some(p) => Some(size("--pool-max", p)?),
+    };
+    let min_size = size("--min-size", &a.min_size)?;
+    if min_size < 4096 {
+        return Err(format!("--min-size '{}': give at least 4K (one page)", a.min_size));
+    }
+    let malloc = a.malloc.trim().to_ascii_lowercase();
+    if !matches!(malloc.as_str(), "all" | "large" | "off") {
+        return Err(format!("--malloc '{}': use all, large or off", a.malloc));
+    }
+    if let Some(dir) = &a.swap_dir {
+        if !dir.is_dir() {
+            return Err(format!("--swap-dir '{}': not a directory", dir.display()));
+        }
+    }
+    let cfg = PagerConfig { budget_bytes, tiers, pool_max_bytes, swap_dir: a.swap_dir.clone(), ..PagerConfig::default() };
+    cfg.validate().map_err(|e| format!("--budget '{}': {e}", a.budget).replace(": budget ", ": "))?;
+    let Some((prog, args)) = a.command.split_first() else {
+        return Err("no program: give one after --, e.g. tierswap run --budget 512M -- python3 app.py".into());
+    };
+    let so = find_preload()?;
+    let mut preload = OsString::from(so.as_os_str());
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+        preload.push(":");
+        preload.push(old);
+    }
+    let mut cmd = std::process::Command::new(prog);
+    cmd.args(args);
+    for v in OWNED_VARS {
+        cmd.env_remove(v);
+    }
+    cmd.env("LD_PRELOAD", preload)
+        .env("TIERSWAP_BUDGET", budget_bytes.to_string())
+        .env("TIERSWAP_TIERS", a.tiers.trim())
+        .env("TIERSWAP_MIN_SIZE", min_size.to_string())
+        .env("TIERSWAP_MALLOC", malloc)
+        .env("TIERSWAP_STRICT", if a.strict { "1" } else { "0" });
+    if let Some(p) = pool_max_bytes {
+        cmd.env("TIERSWAP_POOL_MAX", p.to_string());
+    }
+    if let Some(d) = &a.swap_dir {
+        cmd.env("TIERSWAP_SWAP_DIR", d);
+    }
+    if let Some(s) = &a.stats_on_exit {
+        cmd.env("TIERSWAP_STATS_ON_EXIT", s);
+    }
+    if a.log {
+        cmd.env("TIERSWAP_LOG", "1");
+    }
+    Ok(cmd)
+}
+
+/// The shim: `TIERSWAP_PRELOAD`, else beside this binary.
+fn find_preload() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("TIERSWAP_PRELOAD").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            return Err(format!("TIERSWAP_PRELOAD '{}': no such file", p.display()));
+        }
+        // The loader resolves a relative LD_PRELOAD against the program's working directory.
+        return std::path::absolute(&p).map_err(|e| format!("TIERSWAP_PRELOAD '{}': {e}", p.display()));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the tierswap binary to look for {PRELOAD_NAME} beside it: {e}; set TIERSWAP_PRELOAD"))?;
+    let so = exe.parent().unwrap_or(Path::new("/")).join(PRELOAD_NAME);
+    if !so.is_file() {
+        return Err(format!(
+            "cannot find {} (build it: cargo build --release -p tierswap-preload), or set TIERSWAP_PRELOAD to its path",
+            so.display()
+        ));
+    }
+    Ok(so)
+}

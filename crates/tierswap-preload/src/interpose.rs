@@ -1,0 +1,307 @@
+//! The exported symbols that take libc's place: the mmap family and the malloc family.
+//! Each decides "managed or not" and otherwise does exactly what libc would (raw syscalls
+//! for the mmap family, glibc's `__libc_*` allocator for malloc).
+
+use std::sync::atomic::Ordering;
+
+use libc::{c_int, c_void, off_t, size_t};
+
+use crate::heap::{self, Owner, SMALL_MAX};
+use crate::raw;
+use crate::{managing, MALLOC_ALL, MALLOC_LARGE, MALLOC_MODE, MIN_SIZE, REALLOC_MREMAP};
+
+const PAGE: usize = 4096;
+/// malloc's alignment guarantee on x86_64 and aarch64.
+const MALLOC_ALIGN: usize = 16;
+
+// ---- the mmap family ------------------------------------------------------------------
+
+/// Whether an mmap call is one the shim manages: anonymous, private, read-write, no
+/// address wish, no flags beyond MAP_NORESERVE (which means nothing for managed memory),
+/// and large enough.
+fn mmap_is_managed(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> bool {
+    addr.is_null()
+        && fd == -1
+        && off == 0
+        && prot == libc::PROT_READ | libc::PROT_WRITE
+        && flags & !libc::MAP_NORESERVE == libc::MAP_PRIVATE | libc::MAP_ANONYMOUS
+        && len >= MIN_SIZE.load(Ordering::Relaxed)
+        && managing()
+}
+
+/// mmap(2), managed when [`mmap_is_managed`].
+#[no_mangle]
+pub extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
+    if mmap_is_managed(addr, len, prot, flags, fd, off) {
+        if let Some(p) = crate::map_managed(len) {
+            return p as *mut c_void;
+        }
+    }
+    // SAFETY: the program's own mmap call, forwarded unchanged.
+    raw::syscall_result(unsafe { raw::mmap(addr as usize, len, prot, flags, fd, off) }) as *mut c_void
+}
+
+/// mmap64(2): the same as mmap on 64-bit.
+#[no_mangle]
+pub extern "C" fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
+    mmap(addr, len, prot, flags, fd, off)
+}
+
+/// munmap(2), passed through: the pager follows through its userfaultfd (UNMAP event).
+#[no_mangle]
+pub extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    // SAFETY: the program's own munmap call, forwarded unchanged.
+    raw::syscall_result(unsafe { raw::munmap(addr as usize, len) } as isize) as c_int
+}
+
+/// mremap(2), passed through: the pager follows (REMAP event). C declares it variadic; the
+/// fifth argument is only read by the kernel with MREMAP_FIXED, when the caller passed it.
+#[no_mangle]
+pub extern "C" fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int, new_addr: *mut c_void) -> *mut c_void {
+    let new_addr = if flags & libc::MREMAP_FIXED != 0 { new_addr as usize } else { 0 };
+    // SAFETY: the program's own mremap call, forwarded unchanged.
+    raw::syscall_result(unsafe { raw::mremap(old as usize, old_len, new_len, flags, new_addr) }) as *mut c_void
+}
+
+/// madvise(2), passed through, except MADV_FREE on managed memory, which becomes
+/// MADV_DONTNEED: a lazily freed page stays mapped until the kernel wants it back, so the
+/// pager would keep counting it and could not know whether the next read sees old bytes or
+/// zeros. DONTNEED is one of the two outcomes MADV_FREE allows, made certain. In a fork
+/// child every MADV_FREE is rewritten (the child cannot ask the pager, and the rewrite is
+/// always a correct MADV_FREE).
+#[no_mangle]
+pub extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
+    let mut advice = advice;
+    if advice == libc::MADV_FREE && len > 0 {
+        let a = addr as usize;
+        let child = crate::STATE.load(Ordering::Acquire) == crate::STATE_CHILD;
+        if child || crate::is_managed(a) || crate::is_managed(a + len - 1) {
+            advice = libc::MADV_DONTNEED;
+        }
+    }
+    // SAFETY: the program's own madvise call (or its MADV_FREE made certain).
+    raw::syscall_result(unsafe { raw::madvise(addr as usize, len, advice) } as isize) as c_int
+}
+
+// ---- the malloc family ----------------------------------------------------------------
+
+/// Allocates `n` bytes aligned to `align` (a power of two): managed when the shim serves
+/// this size, glibc's otherwise (and whenever managed memory cannot be had).
+fn alloc(n: usize, align: usize) -> *mut u8 {
+    if managing() {
+        let mode = MALLOC_MODE.load(Ordering::Relaxed);
+        let min = MIN_SIZE.load(Ordering::Relaxed);
+        let ours = match mode {
+            MALLOC_ALL if align > PAGE => heap::alloc_large(n, align),
+            MALLOC_ALL if n < min.min(SMALL_MAX) => heap::alloc_small(n, align),
+            MALLOC_ALL => heap::alloc_large(n, align),
+            MALLOC_LARGE if n >= min => heap::alloc_large(n, align),
+            _ => None,
+        };
+        if let Some(p) = ours {
+            return p;
+        }
+    }
+    // SAFETY: glibc's allocator, with an alignment it accepts.
+    unsafe {
+        if align <= MALLOC_ALIGN {
+            raw::__libc_malloc(n) as *mut u8
+        } else {
+            raw::__libc_memalign(align, n) as *mut u8
+        }
+    }
+}
+
+/// Usable bytes of a live allocation, whoever made it.
+fn usable_size(p: *mut u8) -> usize {
+    match heap::owner(p) {
+        Owner::Small(n) | Owner::Large(n, _, _) => n,
+        Owner::Libc => libc_usable_size(p),
+    }
+}
+
+fn libc_usable_size(p: *mut u8) -> usize {
+    let f = crate::LIBC_USABLE_SIZE.load(Ordering::Relaxed);
+    if f == 0 {
+        return 0;
+    }
+    // SAFETY: f is glibc's malloc_usable_size, found by dlsym; p is a live glibc block.
+    let f: extern "C" fn(*mut c_void) -> size_t = unsafe { std::mem::transmute(f) };
+    f(p as *mut c_void)
+}
+
+/// Frees whatever `p` is.
+fn release(p: *mut u8) {
+    if p.is_null() {
+        return;
+    }
+    match heap::owner(p) {
+        // SAFETY: the program gives p up; owner() said it is one of ours, of this kind.
+        Owner::Small(_) => unsafe { heap::free_small(p) },
+        // SAFETY: as above.
+        Owner::Large(..) => unsafe { heap::free_large(p) },
+        // SAFETY: glibc's block, given up by the program.
+        Owner::Libc => unsafe { raw::__libc_free(p as *mut c_void) },
+    }
+}
+
+/// malloc(3).
+#[no_mangle]
+pub extern "C" fn malloc(n: size_t) -> *mut c_void {
+    alloc(n, MALLOC_ALIGN) as *mut c_void
+}
+
+/// free(3).
+#[no_mangle]
+pub extern "C" fn free(p: *mut c_void) {
+    release(p as *mut u8)
+}
+
+/// calloc(3). A large allocation of ours is a fresh mapping, already zero: not touched.
+#[no_mangle]
+pub extern "C" fn calloc(count: size_t, size: size_t) -> *mut c_void {
+    let Some(n) = count.checked_mul(size) else {
+        raw::set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
+    if !managing() {
+        // SAFETY: glibc's calloc.
+        return unsafe { raw::__libc_calloc(count, size) };
+    }
+    let p = alloc(n, MALLOC_ALIGN);
+    if p.is_null() {
+        return std::ptr::null_mut();
+    }
+    match heap::owner(p) {
+        Owner::Large(..) => {}
+        // SAFETY: p has at least n bytes (a reused small object, or a malloc'd glibc block).
+        _ => unsafe { std::ptr::write_bytes(p, 0, n) },
+    }
+    p as *mut c_void
+}
+
+/// realloc(3). Ours grow by allocate-copy-free (or mremap with TIERSWAP_REALLOC_MREMAP=1,
+/// once the pager follows REMAP events); glibc's stay glibc's unless they grow into a size
+/// the shim serves.
+#[no_mangle]
+pub extern "C" fn realloc(p: *mut c_void, n: size_t) -> *mut c_void {
+    let p = p as *mut u8;
+    if p.is_null() {
+        return malloc(n);
+    }
+    if n == 0 {
+        release(p);
+        return std::ptr::null_mut();
+    }
+    let owner = heap::owner(p);
+    let old_usable = match owner {
+        Owner::Small(u) | Owner::Large(u, _, _) if n <= u => return p as *mut c_void,
+        Owner::Small(u) | Owner::Large(u, _, _) => u,
+        Owner::Libc => {
+            let wants_ours = managing()
+                && match MALLOC_MODE.load(Ordering::Relaxed) {
+                    MALLOC_ALL => n >= MIN_SIZE.load(Ordering::Relaxed).min(SMALL_MAX),
+                    MALLOC_LARGE => n >= MIN_SIZE.load(Ordering::Relaxed),
+                    _ => false,
+                };
+            if !wants_ours {
+                // SAFETY: glibc's block, resized by glibc.
+                return unsafe { raw::__libc_realloc(p as *mut c_void, n) };
+            }
+            libc_usable_size(p)
+        }
+    };
+    if let Owner::Large(..) = owner {
+        if REALLOC_MREMAP.load(Ordering::Relaxed) == 1 {
+            // SAFETY: p is a live large allocation of ours.
+            if let Some(q) = unsafe { heap::remap_large(p, n) } {
+                return q as *mut c_void;
+            }
+        }
+    }
+    let q = alloc(n, MALLOC_ALIGN);
+    if q.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: q has n > old_usable bytes; p has old_usable; distinct live blocks.
+    unsafe { std::ptr::copy_nonoverlapping(p, q, old_usable.min(n)) };
+    release(p);
+    q as *mut c_void
+}
+
+/// reallocarray(3).
+#[no_mangle]
+pub extern "C" fn reallocarray(p: *mut c_void, count: size_t, size: size_t) -> *mut c_void {
+    match count.checked_mul(size) {
+        Some(n) => realloc(p, n),
+        None => {
+            raw::set_errno(libc::ENOMEM);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// posix_memalign(3).
+///
+/// # Safety
+/// `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int {
+    if !align.is_power_of_two() || align % std::mem::size_of::<*mut c_void>() != 0 {
+        return libc::EINVAL;
+    }
+    let p = alloc(n, align);
+    if p.is_null() {
+        return libc::ENOMEM;
+    }
+    // SAFETY: the caller gives a writable out pointer.
+    unsafe { *out = p as *mut c_void };
+    0
+}
+
+/// aligned_alloc(3) (C11; glibc takes any power-of-two alignment).
+#[no_mangle]
+pub extern "C" fn aligned_alloc(align: size_t, n: size_t) -> *mut c_void {
+    if !align.is_power_of_two() {
+        raw::set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    alloc(n, align.max(MALLOC_ALIGN)) as *mut c_void
+}
+
+/// memalign(3) (glibc rounds a non-power-of-two alignment up).
+#[no_mangle]
+pub extern "C" fn memalign(align: size_t, n: size_t) -> *mut c_void {
+    let Some(align) = align.max(MALLOC_ALIGN).checked_next_power_of_two() else {
+        raw::set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    };
+    alloc(n, align) as *mut c_void
+}
+
+/// valloc(3): page-aligned.
+#[no_mangle]
+pub extern "C" fn valloc(n: size_t) -> *mut c_void {
+    alloc(n, PAGE) as *mut c_void
+}
+
+/// pvalloc(3): page-aligned, the size rounded up to pages.
+#[no_mangle]
+pub extern "C" fn pvalloc(n: size_t) -> *mut c_void {
+    match n.max(1).checked_next_multiple_of(PAGE) {
+        Some(n) => alloc(n, PAGE) as *mut c_void,
+        None => {
+            raw::set_errno(libc::ENOMEM);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// malloc_usable_size(3).
+#[no_mangle]
+pub extern "C" fn malloc_usable_size(p: *mut c_void) -> size_t {
+    if p.is_null() {
+        return 0;
+    }
+    usable_size(p as *mut u8)
+}

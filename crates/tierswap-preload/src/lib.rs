@@ -1,0 +1,360 @@
+//! `libtierswap_preload.so`: puts an unmodified program's anonymous memory under a tierswap
+//! pager. `tierswap run` sets `LD_PRELOAD` and the `TIERSWAP_*` environment and execs the
+//! program; this library does the rest from inside it.
+//!
+//! What is managed:
+//! - anonymous private read-write `mmap`s of at least `TIERSWAP_MIN_SIZE` bytes (default 1 MiB;
+//!   python's pymalloc arenas are 1 MiB, jemalloc's extents 2 MiB and up) made with no
+//!   address hint: they become [`tierswap::Pager::map_detached`] mappings. Everything else
+//!   (files, shared, fixed, stacks, small) goes to the kernel untouched.
+//! - the malloc family (`TIERSWAP_MALLOC`, default `all`): glibc's malloc uses the brk heap
+//!   and an internal mmap the shim cannot see, so the shim serves malloc itself from
+//!   managed memory (see [`heap`]). `large` manages only allocations of at least the
+//!   minimum size (glibc keeps the rest); `off` leaves malloc to glibc.
+//!
+//! `munmap`, `mremap` and `madvise` pass through to the kernel (raw syscalls) and the pager
+//! follows them through userfaultfd events; the one rewrite is MADV_FREE on managed memory,
+//! which becomes MADV_DONTNEED: a lazily freed page stays mapped until the kernel feels
+//! memory pressure, so the pager would count it as present, and could not tell whether the
+//! program's next read should see the old bytes or zeros.
+//!
+//! Start-up: the pager is created in an `.init_array` constructor, before `main` and
+//! before any other library's constructor can allocate much. Why not lazily on the first
+//! large allocation: that can happen on any thread, inside any libc lock (stdio, dl), or in
+//! a child after fork, and creating a pager starts threads; doing it once, single-threaded,
+//! at start also lets a bad configuration fail (or, under `TIERSWAP_STRICT=1`, exit 2)
+//! before the program has done anything. Memory allocated before the constructor runs is
+//! glibc's and stays glibc's: every free finds out whose a pointer is.
+//!
+//! The shim's own allocations (the pager's metadata, buffers, threads) go straight to glibc
+//! through a `#[global_allocator]` calling `__libc_malloc` & co., so they are never managed.
+//! The pager's threads (named `tierswap-…`) get glibc memory even from the interposed
+//! malloc (a C library they call may allocate): a pager thread faulting on managed memory
+//! could end up waiting for itself.
+//!
+//! fork: the child has no pager threads, so it manages nothing new (everything passes
+//! through); memory managed before the fork is served by the parent's pager through the
+//! userfaultfd fork event. exec: `LD_PRELOAD` and the environment are inherited, so an
+//! exec'd program gets a pager of its own, with the same settings.
+#![deny(missing_docs)]
+
+pub mod heap;
+#[cfg(not(test))]
+mod interpose;
+pub mod raw;
+
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use tierswap::{parse_size, Hint, Pager, PagerConfig, Tiers};
+
+/// The shim's life: not started, serving, in a fork child, or passing everything through.
+pub(crate) const STATE_OFF: u8 = 0;
+pub(crate) const STATE_READY: u8 = 1;
+pub(crate) const STATE_CHILD: u8 = 2;
+pub(crate) const STATE_FAILED: u8 = 3;
+pub(crate) static STATE: AtomicU8 = AtomicU8::new(STATE_OFF);
+
+/// How much of malloc the shim serves.
+pub(crate) const MALLOC_OFF: u8 = 0;
+pub(crate) const MALLOC_LARGE: u8 = 1;
+pub(crate) const MALLOC_ALL: u8 = 2;
+pub(crate) static MALLOC_MODE: AtomicU8 = AtomicU8::new(MALLOC_ALL);
+/// Smallest managed mmap / own-mapping malloc, bytes.
+pub(crate) static MIN_SIZE: AtomicUsize = AtomicUsize::new(DEFAULT_MIN_SIZE);
+/// Grow large allocations with mremap (1) or by copying (0).
+pub(crate) static REALLOC_MREMAP: AtomicU8 = AtomicU8::new(0);
+/// glibc's malloc_usable_size (it has no `__libc_` alias), found at start-up.
+pub(crate) static LIBC_USABLE_SIZE: AtomicUsize = AtomicUsize::new(0);
+
+/// Default `TIERSWAP_MIN_SIZE`: 1 MiB.
+pub const DEFAULT_MIN_SIZE: usize = 1 << 20;
+
+static PAGER: OnceLock<Pager> = OnceLock::new();
+/// The control socket (lives as long as the process).
+static CONTROL: OnceLock<tierswap::control::ControlServer> = OnceLock::new();
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
+/// The pid that created the pager: a fork child must not report the parent's stats.
+static OWNER_PID: AtomicUsize = AtomicUsize::new(0);
+
+/// What the environment asked for, beyond the pager's own configuration.
+struct Settings {
+    log: bool,
+    stats_path: Option<String>,
+}
+
+/// Whether this thread's allocations are managed now.
+#[inline]
+pub(crate) fn managing() -> bool {
+    STATE.load(Ordering::Acquire) == STATE_READY && raw::thread_may_manage()
+}
+
+/// A fresh managed mapping of `len_bytes`, or `None` (the caller passes through).
+pub(crate) fn map_managed(len_bytes: usize) -> Option<usize> {
+    let pager = PAGER.get()?;
+    let _inside = raw::InPager::enter();
+    match pager.map_detached(len_bytes, Hint::Normal) {
+        Ok(p) => Some(p as usize),
+        Err(e) => {
+            if SETTINGS.get().is_some_and(|s| s.log) {
+                eprintln!("tierswap: cannot map {len_bytes} bytes of managed memory ({e}); this one is unmanaged");
+            }
+            None
+        }
+    }
+}
+
+/// Whether `addr` is in memory the pager manages (false in a fork child: the pager's locks
+/// may have been held by a thread that does not exist there).
+pub(crate) fn is_managed(addr: usize) -> bool {
+    if STATE.load(Ordering::Acquire) != STATE_READY || !raw::thread_may_manage() {
+        return false;
+    }
+    let _inside = raw::InPager::enter();
+    PAGER.get().is_some_and(|p| p.mapping_of(addr).is_some())
+}
+
+/// The pager's configuration and the shim's settings from the `TIERSWAP_*` environment.
+fn config_from_env() -> Result<(PagerConfig, Settings), String> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let size = |name: &str| -> Result<Option<u64>, String> {
+        var(name).map(|v| parse_size(&v).map_err(|e| format!("{name}={v}: {e}"))).transpose()
+    };
+    let mut cfg = PagerConfig::default();
+    if let Some(b) = size("TIERSWAP_BUDGET")? {
+        cfg.budget_bytes = b;
+    }
+    if let Some(t) = var("TIERSWAP_TIERS") {
+        cfg.tiers = t.parse::<Tiers>().map_err(|e| format!("TIERSWAP_TIERS={t}: {e}"))?;
+    }
+    cfg.pool_max_bytes = size("TIERSWAP_POOL_MAX")?;
+    cfg.swap_dir = var("TIERSWAP_SWAP_DIR").map(Into::into);
+    cfg.validate().map_err(|e| e.to_string())?;
+    if let Some(m) = size("TIERSWAP_MIN_SIZE")? {
+        if m == 0 {
+            return Err("TIERSWAP_MIN_SIZE=0: give at least 4K".into());
+        }
+        MIN_SIZE.store(m as usize, Ordering::Relaxed);
+    }
+    let mode = match var("TIERSWAP_MALLOC").as_deref() {
+        None | Some("all") => MALLOC_ALL,
+        Some("large") => MALLOC_LARGE,
+        Some("off") => MALLOC_OFF,
+        Some(other) => return Err(format!("TIERSWAP_MALLOC={other}: use all, large or off")),
+    };
+    MALLOC_MODE.store(mode, Ordering::Relaxed);
+    REALLOC_MREMAP.store(u8::from(var("TIERSWAP_REALLOC_MREMAP").as_deref() == Some("1")), Ordering::Relaxed);
+    let settings = Settings { log: var("TIERSWAP_LOG").is_some_and(|v| v != "0"), stats_path: var("TIERSWAP_STATS_ON_EXIT") };
+    Ok((cfg, settings))
+}
+
+fn program_name() -> String {
+    std::fs::read_to_string("/proc/self/comm").map(|s| s.trim().to_string()).unwrap_or_else(|_| "?".into())
+}
+
+/// The constructor: reads the environment and starts the pager, or says why not.
+extern "C" fn init() {
+    find_libc_usable_size();
+    let (cfg, settings) = match config_from_env() {
+        Ok(x) => x,
+        Err(reason) => return refuse(&reason),
+    };
+    let summary = format!(
+        "budget {} MiB, tiers {}{}{}, min size {} KiB",
+        cfg.budget_bytes >> 20,
+        if cfg.tiers.zero { "zero," } else { "" },
+        if cfg.tiers.pool { "pool" } else { "" },
+        if cfg.tiers.file { ",file" } else { "" },
+        MIN_SIZE.load(Ordering::Relaxed) >> 10
+    );
+    let pager = {
+        let _inside = raw::InPager::enter();
+        Pager::new(cfg)
+    };
+    match pager {
+        Ok(p) => {
+            let _ = PAGER.set(p);
+        }
+        Err(e) => return refuse(&e.to_string()),
+    }
+    // The control socket serves `tierswap stat PID`; its thread is named `tierswap-control`,
+    // so its allocations stay unmanaged like the pager's own. Without it the program still
+    // runs managed: say so once.
+    match {
+        let _inside = raw::InPager::enter();
+        tierswap::control::ControlServer::start(
+            || PAGER.get().map(|p| p.stats()).unwrap_or_default(),
+            tierswap::control::ControlOptions::default(),
+        )
+    } {
+        Ok(server) => {
+            let _ = CONTROL.set(server);
+        }
+        Err(e) => eprintln!("tierswap: no control socket for pid {} (`tierswap stat` cannot see it): {e}", std::process::id()),
+    }
+    let log = settings.log;
+    let _ = SETTINGS.set(settings);
+    OWNER_PID.store(std::process::id() as usize, Ordering::Relaxed);
+    // SAFETY: the handlers are plain extern "C" fns that only touch the shim's statics.
+    unsafe {
+        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+        libc::atexit(at_exit);
+    }
+    STATE.store(STATE_READY, Ordering::Release);
+    if log {
+        eprintln!("tierswap: managing the memory of {} (pid {}): {summary}", program_name(), std::process::id());
+    }
+}
+
+/// Not managing: one warning, then everything passes through.
+fn refuse(reason: &str) {
+    if std::env::var("TIERSWAP_STRICT").is_ok_and(|v| v == "1") {
+        refuse_strict(reason);
+    }
+    eprintln!(
+        "tierswap: not managing the memory of {} (pid {}): {reason}; it runs unmanaged (TIERSWAP_STRICT=1 refuses instead)",
+        program_name(),
+        std::process::id()
+    );
+    STATE.store(STATE_FAILED, Ordering::Release);
+}
+
+fn refuse_strict(reason: &str) -> ! {
+    eprintln!(
+        "tierswap: cannot manage the memory of {} (pid {}): {reason}; TIERSWAP_STRICT=1, so exiting with status 2",
+        program_name(),
+        std::process::id()
+    );
+    // SAFETY: _exit ends the process at once; nothing of ours needs flushing.
+    unsafe { libc::_exit(2) }
+}
+
+fn find_libc_usable_size() {
+    // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT finds the next definition after
+    // this library's own, i.e. glibc's. dlsym may allocate: the shim is not serving yet.
+    let f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) };
+    LIBC_USABLE_SIZE.store(f as usize, Ordering::Relaxed);
+}
+
+extern "C" fn fork_prepare() {
+    heap::lock_all();
+}
+
+extern "C" fn fork_parent() {
+    heap::unlock_all();
+}
+
+extern "C" fn fork_child() {
+    // The pager's threads do not exist here: manage nothing new.
+    STATE.store(STATE_CHILD, Ordering::Release);
+    heap::unlock_all();
+}
+
+/// At exit: the stats file (`TIERSWAP_STATS_ON_EXIT`, `%p` becomes the pid) and the log line.
+extern "C" fn at_exit() {
+    if OWNER_PID.load(Ordering::Relaxed) != std::process::id() as usize || STATE.load(Ordering::Acquire) != STATE_READY {
+        return;
+    }
+    let (Some(pager), Some(settings)) = (PAGER.get(), SETTINGS.get()) else { return };
+    let _inside = raw::InPager::enter();
+    let stats = pager.stats();
+    let (arena_bytes, large_live) = heap::usage();
+    let mut doc = stats.to_json();
+    if let Some(o) = doc.as_object_mut() {
+        o.insert(
+            "shim".into(),
+            serde_json::json!({ "arena_bytes": arena_bytes, "large_allocations_live": large_live,
+                "min_size": MIN_SIZE.load(Ordering::Relaxed), "pid": std::process::id() }),
+        );
+    }
+    if let Some(path) = &settings.stats_path {
+        let path = path.replace("%p", &std::process::id().to_string());
+        if let Err(e) = std::fs::write(&path, doc.to_string()) {
+            eprintln!("tierswap: cannot write the stats to {path} (TIERSWAP_STATS_ON_EXIT): {e}");
+        }
+    }
+    if settings.log {
+        let c = &stats.counters;
+        eprintln!(
+            "tierswap: pid {} exits: footprint max {} MiB of budget {} MiB; swapped out: {} pool, {} file, {} zero, {} same-filled; faults {}",
+            std::process::id(),
+            c.footprint_max >> 20,
+            stats.budget >> 20,
+            c.zswpout,
+            c.pswpout,
+            c.swpout_zero,
+            c.swpout_samefill,
+            c.faults
+        );
+    }
+}
+
+#[cfg(not(test))]
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+/// The shim's own allocator: glibc's, by the names interposition cannot take away.
+#[cfg(not(test))]
+struct LibcAlloc;
+
+/// glibc's malloc returns 16-byte aligned memory on x86_64 and aarch64.
+#[cfg(not(test))]
+const LIBC_ALIGN: usize = 16;
+
+#[cfg(not(test))]
+// SAFETY: every method forwards to the glibc function with the contract GlobalAlloc asks
+// for (alignment honoured through memalign above malloc's own).
+unsafe impl std::alloc::GlobalAlloc for LibcAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: plain glibc allocation calls.
+        unsafe {
+            if layout.align() <= LIBC_ALIGN {
+                raw::__libc_malloc(layout.size()) as *mut u8
+            } else {
+                raw::__libc_memalign(layout.align(), layout.size()) as *mut u8
+            }
+        }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if layout.align() <= LIBC_ALIGN {
+            // SAFETY: glibc calloc.
+            return unsafe { raw::__libc_calloc(1, layout.size()) as *mut u8 };
+        }
+        // SAFETY: alloc honours the layout; the memset stays inside it.
+        unsafe {
+            let p = self.alloc(layout);
+            if !p.is_null() {
+                std::ptr::write_bytes(p, 0, layout.size());
+            }
+            p
+        }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: std::alloc::Layout) {
+        // SAFETY: ptr came from one of glibc's allocators above.
+        unsafe { raw::__libc_free(ptr as *mut libc::c_void) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        if layout.align() <= LIBC_ALIGN {
+            // SAFETY: ptr came from __libc_malloc/calloc with malloc's alignment.
+            return unsafe { raw::__libc_realloc(ptr as *mut libc::c_void, new_size) as *mut u8 };
+        }
+        // SAFETY: a fresh block of the new size, the old contents copied, the old freed.
+        unsafe {
+            let new_layout = std::alloc::Layout::from_size_align_unchecked(new_size, layout.align());
+            let q = self.alloc(new_layout);
+            if !q.is_null() {
+                std::ptr::copy_nonoverlapping(ptr, q, layout.size().min(new_size));
+                self.dealloc(ptr, layout);
+            }
+            q
+        }
+    }
+}
+
+#[cfg(not(test))]
+#[global_allocator]
+static GLOBAL: LibcAlloc = LibcAlloc;
