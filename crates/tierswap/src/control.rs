@@ -453,7 +453,8 @@ fn prepare_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Whether process `pid` exists (ours or another user's).
+/// Whether process `pid` exists (ours or another user's) and has not exited: a zombie,
+/// exited but not yet reaped, counts as gone.
 pub fn pid_alive(pid: u32) -> bool {
     let Ok(p) = libc::pid_t::try_from(pid) else { return false };
     if p <= 0 {
@@ -461,7 +462,15 @@ pub fn pid_alive(pid: u32) -> bool {
     }
     // SAFETY: signal 0 only checks that the process exists; nothing is sent.
     let rc = unsafe { libc::kill(p, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    if rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    // /proc/<pid>/stat: "pid (comm) S …"; comm may hold spaces and parentheses, the state
+    // follows the last ')'.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(st) => !matches!(st.rfind(')').and_then(|i| st[i + 1..].trim_start().chars().next()), Some('Z' | 'X')),
+        Err(_) => true,
+    }
 }
 
 /// The pid a socket file name stands for: `<pid>.sock`.
