@@ -70,8 +70,15 @@ fn find(pid: u32) -> Result<PathBuf, String> {
     let dirs = control::search_dirs();
     for d in &dirs {
         let p = control::socket_path(d, pid);
-        if p.symlink_metadata().is_ok() {
-            return Ok(p);
+        match p.symlink_metadata() {
+            Ok(_) => return Ok(p),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(format!(
+                    "pid {pid}: permission denied on {}: the directory and the process belong to another user (run as that user or as root)",
+                    d.display()
+                ))
+            }
+            Err(_) => {}
         }
     }
     let why = if control::pid_alive(pid) { "it is not managed by tierswap" } else { "no such process" };

@@ -14,6 +14,15 @@ use tierswap::{Hint, Pager, PagerConfig, Tiers};
 const PAGE: usize = 4096;
 const HELPER_ENV: &str = "TIERSWAP_STAT_TEST_HELPER_DIR";
 
+/// One test at a time: a test that forks (a child dropping to another uid) would share
+/// the pages of another test's region with the child, and UFFDIO_MOVE refuses shared pages
+/// (EBUSY), so that test's evict_all would leave pages behind.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 struct TestDir(PathBuf);
 
 impl TestDir {
@@ -115,6 +124,7 @@ fn parse_prometheus(text: &str) -> (HashMap<String, f64>, HashMap<String, String
 
 #[test]
 fn table_json_and_prometheus_show_the_pagers_numbers() {
+    let _serial = serial();
     let dir = TestDir::new("formats");
     let p = pager();
     let srv = server(&p, &dir.0, "stat-test --flag");
@@ -200,6 +210,7 @@ fn table_json_and_prometheus_show_the_pagers_numbers() {
 
 #[test]
 fn unknown_pid_is_one_line_and_exit_1() {
+    let _serial = serial();
     let dir = TestDir::new("unknown");
     std::fs::create_dir_all(&dir.0).unwrap();
     let mut child = Command::new("true").spawn().unwrap();
@@ -211,6 +222,31 @@ fn unknown_pid_is_one_line_and_exit_1() {
     assert!(out.stdout.is_empty());
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains(&format!("pid {dead}")) && err.contains(&dir.0.display().to_string()), "{err}");
+}
+
+#[test]
+fn another_users_process_is_named_so() {
+    let _serial = serial();
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test runs `tierswap stat` as uid 65534 and must start as root");
+    let dir = TestDir::new("other-user");
+    let p = pager();
+    let srv = server(&p, &dir.0, "stat-other-user");
+    let pid = std::process::id().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_tierswap"))
+        .args(["stat", &pid])
+        .env(control::DIR_ENV, &dir.0)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("run tierswap as uid 65534 (is the target directory readable by everyone?)");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(out.stdout.is_empty(), "no counters for another user");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(&format!("pid {pid}")) && err.contains("another user"), "{err}");
+    drop(srv);
 }
 
 /// Not a test on its own: the helper process of `watch_…` (runs only with HELPER_ENV set).
@@ -268,6 +304,7 @@ fn read_until(out: &mut impl BufRead, needle: &str) -> String {
 
 #[test]
 fn watch_ends_when_the_process_exits_and_the_list_removes_its_socket() {
+    let _serial = serial();
     let dir = TestDir::new("watch");
     let (mut helper, hpid) = start_helper(&dir.0);
     let sock = control::socket_path(&dir.0, hpid);
@@ -308,6 +345,7 @@ fn watch_ends_when_the_process_exits_and_the_list_removes_its_socket() {
 
 #[test]
 fn watch_ends_cleanly_on_ctrl_c() {
+    let _serial = serial();
     let dir = TestDir::new("ctrlc");
     let p = pager();
     let srv = server(&p, &dir.0, "stat-ctrlc");
