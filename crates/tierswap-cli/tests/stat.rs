@@ -278,7 +278,10 @@ fn start_helper(dir: &Path) -> (Child, u32) {
     let mut line = String::new();
     loop {
         line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "the helper ended before it was ready");
+        if out.read_line(&mut line).unwrap_or(0) == 0 {
+            let status = h.wait();
+            panic!("the helper ended before it was ready: {status:?}");
+        }
         // libtest prints "test helper ... " first, on the same line.
         if let Some(pid) = line.trim().rsplit_once("ready ").map(|(_, pid)| pid) {
             return (h, pid.parse().unwrap());
