@@ -265,7 +265,16 @@ impl ServeContext {
             if fds[0].revents == 0 {
                 continue;
             }
-            let Ok((conn, _)) = self.listener.accept() else { continue };
+            let conn = match self.listener.accept() {
+                Ok((conn, _)) => conn,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    // Out of fds or memory: the pending connection stays readable, so a
+                    // short pause keeps this from spinning until it can be taken.
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
             match peer_cred(&conn) {
                 Ok(cred) if cred.uid == our_uid || cred.uid == 0 => self.answer(conn, &stats),
                 Ok(cred) => eprintln!(

@@ -310,6 +310,18 @@ fn stale_sockets_are_removed() {
     let mut child = child;
     child.wait().unwrap();
     assert!(!control::pid_alive(dead));
+    // A child that exited but is not reaped yet (a zombie) counts as gone too.
+    let mut zombie = std::process::Command::new("true").spawn().unwrap();
+    let zpid = zombie.id();
+    loop {
+        let st = std::fs::read_to_string(format!("/proc/{zpid}/stat")).unwrap();
+        if st.rsplit_once(')').unwrap().1.trim_start().starts_with('Z') {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    assert!(!control::pid_alive(zpid), "a zombie is not alive");
+    zombie.wait().unwrap();
     // A socket file left behind by that pid (bound, never unlinked), and one of a live pid.
     let stale = control::socket_path(&dir.0, dead);
     drop(UnixListener::bind(&stale).unwrap());
