@@ -241,26 +241,20 @@ fn table(r: &StatsReply) -> String {
         human(c.footprint_max)
     );
     let _ = writeln!(t, "swap: {} slots in use", s.swap_slots);
-    let _ = writeln!(t, "  {:<12} {:>12} {:>12} {:>12}   {:>10} {:>10}", "tier", "pages", "bytes", "ratio", "swpin", "swpout");
     let _ = writeln!(
         t,
         "  {:<12} {:>12} {:>12} {:>12}   {:>10} {:>10}",
-        "zero",
-        s.swap_zero_pages,
-        "-",
-        "-",
-        c.swpin_zero,
-        c.swpout_zero
+        "tier", "pages", "bytes", "ratio", "swpin", "swpout"
     );
     let _ = writeln!(
         t,
         "  {:<12} {:>12} {:>12} {:>12}   {:>10} {:>10}",
-        "same-filled",
-        s.swap_samefill_pages,
-        "-",
-        "-",
-        c.swpin_samefill,
-        c.swpout_samefill
+        "zero", s.swap_zero_pages, "-", "-", c.swpin_zero, c.swpout_zero
+    );
+    let _ = writeln!(
+        t,
+        "  {:<12} {:>12} {:>12} {:>12}   {:>10} {:>10}",
+        "same-filled", s.swap_samefill_pages, "-", "-", c.swpin_samefill, c.swpout_samefill
     );
     let pool_ratio = if s.pool_total_size == 0 {
         "-".to_string()
@@ -325,10 +319,7 @@ fn table(r: &StatsReply) -> String {
         let _ = writeln!(
             t,
             "problems: checksum errors {}, read errors {}, writeback errors {}, over budget {} times",
-            c.checksum_errors,
-            c.read_errors,
-            c.writeback_errors,
-            c.over_budget_events
+            c.checksum_errors, c.read_errors, c.writeback_errors, c.over_budget_events
         );
     }
     t

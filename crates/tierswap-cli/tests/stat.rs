@@ -84,11 +84,7 @@ fn work(p: &Pager, n: usize) -> tierswap::Region {
 }
 
 fn tierswap(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tierswap"))
-        .args(args)
-        .env(control::DIR_ENV, dir)
-        .output()
-        .expect("run tierswap")
+    Command::new(env!("CARGO_BIN_EXE_tierswap")).args(args).env(control::DIR_ENV, dir).output().expect("run tierswap")
 }
 
 fn stdout(o: &Output) -> String {
@@ -145,8 +141,7 @@ fn table_json_and_prometheus_show_the_pagers_numbers() {
     assert_eq!(j["stats"], want.to_json());
 
     // Prometheus: parsed back, every counter and gauge equal; the histogram cumulative.
-    let (values, types) =
-        parse_prometheus(&stdout(&tierswap(&dir.0, &["stat", &pid_s, "--format", "prometheus"])));
+    let (values, types) = parse_prometheus(&stdout(&tierswap(&dir.0, &["stat", &pid_s, "--format", "prometheus"])));
     let label = format!("{{pid=\"{pid}\"}}");
     for (name, v) in want.counters.pairs() {
         let series = format!("tierswap_{name}{label}");

@@ -88,7 +88,9 @@ pub enum Error {
         path: PathBuf,
     },
     /// The server closed the connection without a reply: it refused our credentials.
-    #[error("the pager at {path} closed the connection without answering: it refuses our uid (another user's process?)")]
+    #[error(
+        "the pager at {path} closed the connection without answering: it refuses our uid (another user's process?)"
+    )]
     Refused {
         /// The socket path.
         path: PathBuf,
@@ -175,10 +177,12 @@ impl ControlServer {
         let listener =
             UnixListener::bind(&path).map_err(|source| Error::Io { what: "bind", path: path.clone(), source })?;
         // The directory is 0700 already; the chmod makes the socket 0600 whatever the umask.
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|source| Error::Io { what: "chmod 0600", path: path.clone(), source })?;
-        let meta =
-            path.symlink_metadata().map_err(|source| Error::Io { what: "stat", path: path.clone(), source })?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(|source| Error::Io {
+            what: "chmod 0600",
+            path: path.clone(),
+            source,
+        })?;
+        let meta = path.symlink_metadata().map_err(|source| Error::Io { what: "stat", path: path.clone(), source })?;
         let ident = (meta.dev(), meta.ino());
         // SAFETY: eventfd returns a new fd (or -1) that nothing else owns.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
