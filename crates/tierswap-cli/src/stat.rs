@@ -70,8 +70,15 @@ fn find(pid: u32) -> Result<PathBuf, String> {
     let dirs = control::search_dirs();
     for d in &dirs {
         let p = control::socket_path(d, pid);
-        if p.symlink_metadata().is_ok() {
-            return Ok(p);
+        match p.symlink_metadata() {
+            Ok(_) => return Ok(p),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(format!(
+                    "pid {pid}: permission denied on {}: the directory and the process belong to another user (run as that user or as root)",
+                    d.display()
+                ))
+            }
+            Err(_) => {}
         }
     }
     let why = if control::pid_alive(pid) { "it is not managed by tierswap" } else { "no such process" };
@@ -234,26 +241,20 @@ fn table(r: &StatsReply) -> String {
         human(c.footprint_max)
     );
     let _ = writeln!(t, "swap: {} slots in use", s.swap_slots);
-    let _ = writeln!(t, "  {:<12} {:>12} {:>12} {:>12}   {:>10} {:>10}", "tier", "pages", "bytes", "ratio", "swpin", "swpout");
     let _ = writeln!(
         t,
         "  {:<12} {:>12} {:>12} {:>12}   {:>10} {:>10}",
-        "zero",
-        s.swap_zero_pages,
-        "-",
-        "-",
-        c.swpin_zero,
-        c.swpout_zero
+        "tier", "pages", "bytes", "ratio", "swpin", "swpout"
     );
     let _ = writeln!(
         t,
         "  {:<12} {:>12} {:>12} {:>12}   {:>10} {:>10}",
-        "same-filled",
-        s.swap_samefill_pages,
-        "-",
-        "-",
-        c.swpin_samefill,
-        c.swpout_samefill
+        "zero", s.swap_zero_pages, "-", "-", c.swpin_zero, c.swpout_zero
+    );
+    let _ = writeln!(
+        t,
+        "  {:<12} {:>12} {:>12} {:>12}   {:>10} {:>10}",
+        "same-filled", s.swap_samefill_pages, "-", "-", c.swpin_samefill, c.swpout_samefill
     );
     let pool_ratio = if s.pool_total_size == 0 {
         "-".to_string()
@@ -318,10 +319,7 @@ fn table(r: &StatsReply) -> String {
         let _ = writeln!(
             t,
             "problems: checksum errors {}, read errors {}, writeback errors {}, over budget {} times",
-            c.checksum_errors,
-            c.read_errors,
-            c.writeback_errors,
-            c.over_budget_events
+            c.checksum_errors, c.read_errors, c.writeback_errors, c.over_budget_events
         );
     }
     t

@@ -88,7 +88,9 @@ pub enum Error {
         path: PathBuf,
     },
     /// The server closed the connection without a reply: it refused our credentials.
-    #[error("the pager at {path} closed the connection without answering: it refuses our uid (another user's process?)")]
+    #[error(
+        "the pager at {path} closed the connection without answering: it refuses our uid (another user's process?)"
+    )]
     Refused {
         /// The socket path.
         path: PathBuf,
@@ -175,10 +177,12 @@ impl ControlServer {
         let listener =
             UnixListener::bind(&path).map_err(|source| Error::Io { what: "bind", path: path.clone(), source })?;
         // The directory is 0700 already; the chmod makes the socket 0600 whatever the umask.
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|source| Error::Io { what: "chmod 0600", path: path.clone(), source })?;
-        let meta =
-            path.symlink_metadata().map_err(|source| Error::Io { what: "stat", path: path.clone(), source })?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(|source| Error::Io {
+            what: "chmod 0600",
+            path: path.clone(),
+            source,
+        })?;
+        let meta = path.symlink_metadata().map_err(|source| Error::Io { what: "stat", path: path.clone(), source })?;
         let ident = (meta.dev(), meta.ino());
         // SAFETY: eventfd returns a new fd (or -1) that nothing else owns.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -265,7 +269,16 @@ impl ServeContext {
             if fds[0].revents == 0 {
                 continue;
             }
-            let Ok((conn, _)) = self.listener.accept() else { continue };
+            let conn = match self.listener.accept() {
+                Ok((conn, _)) => conn,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    // Out of fds or memory: the pending connection stays readable, so a
+                    // short pause keeps this from spinning until it can be taken.
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
             match peer_cred(&conn) {
                 Ok(cred) if cred.uid == our_uid || cred.uid == 0 => self.answer(conn, &stats),
                 Ok(cred) => eprintln!(
@@ -453,7 +466,8 @@ fn prepare_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Whether process `pid` exists (ours or another user's).
+/// Whether process `pid` exists (ours or another user's) and has not exited: a zombie,
+/// exited but not yet reaped, counts as gone.
 pub fn pid_alive(pid: u32) -> bool {
     let Ok(p) = libc::pid_t::try_from(pid) else { return false };
     if p <= 0 {
@@ -461,7 +475,15 @@ pub fn pid_alive(pid: u32) -> bool {
     }
     // SAFETY: signal 0 only checks that the process exists; nothing is sent.
     let rc = unsafe { libc::kill(p, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    if rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    // /proc/<pid>/stat: "pid (comm) S …"; comm may hold spaces and parentheses, the state
+    // follows the last ')'.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(st) => !matches!(st.rfind(')').and_then(|i| st[i + 1..].trim_start().chars().next()), Some('Z' | 'X')),
+        Err(_) => true,
+    }
 }
 
 /// The pid a socket file name stands for: `<pid>.sock`.

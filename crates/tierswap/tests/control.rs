@@ -11,6 +11,15 @@ use tierswap::{Hint, Pager, PagerConfig, Tiers};
 
 const PAGE: usize = 4096;
 
+/// One test at a time: a test that forks (a child dropping to another uid) would share
+/// the pages of another test's region with the child, and UFFDIO_MOVE refuses shared pages
+/// (EBUSY), so that test's evict_all would leave pages behind.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A fresh directory for one test (tests of this binary run in parallel, one pid).
 struct TestDir(PathBuf);
 
@@ -78,6 +87,7 @@ fn socket_equals_pager(p: &Pager, srv: &ControlServer) -> tierswap::Stats {
 
 #[test]
 fn stats_over_the_socket_are_the_pagers() {
+    let _serial = serial();
     let dir = TestDir::new("stats");
     let p = pager();
     let srv = server(&p, &dir.0);
@@ -137,6 +147,7 @@ fn stats_over_the_socket_are_the_pagers() {
 
 #[test]
 fn modes_are_0700_and_0600_whatever_the_umask() {
+    let _serial = serial();
     let dir = TestDir::new("modes");
     let p = pager();
     // SAFETY: umask has no preconditions; restored below.
@@ -262,6 +273,7 @@ fn require_root() {
 
 #[test]
 fn another_uid_is_refused() {
+    let _serial = serial();
     require_root();
     let dir = TestDir::new("refuse");
     let p = pager();
@@ -289,6 +301,7 @@ fn another_uid_is_refused() {
 
 #[test]
 fn stale_sockets_are_removed() {
+    let _serial = serial();
     let dir = TestDir::new("stale");
     std::fs::create_dir_all(&dir.0).unwrap();
     // A pid that certainly existed and is gone: a child we reaped.
@@ -297,6 +310,18 @@ fn stale_sockets_are_removed() {
     let mut child = child;
     child.wait().unwrap();
     assert!(!control::pid_alive(dead));
+    // A child that exited but is not reaped yet (a zombie) counts as gone too.
+    let mut zombie = std::process::Command::new("true").spawn().unwrap();
+    let zpid = zombie.id();
+    loop {
+        let st = std::fs::read_to_string(format!("/proc/{zpid}/stat")).unwrap();
+        if st.rsplit_once(')').unwrap().1.trim_start().starts_with('Z') {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    assert!(!control::pid_alive(zpid), "a zombie is not alive");
+    zombie.wait().unwrap();
     // A socket file left behind by that pid (bound, never unlinked), and one of a live pid.
     let stale = control::socket_path(&dir.0, dead);
     drop(UnixListener::bind(&stale).unwrap());
