@@ -439,7 +439,7 @@ impl Rng {
 }
 
 /// Word `i` of version `ver` of the page with key `key`. Version 0 is the zero page; other
-/// versions are, by a hash of (key, ver): zero (1/8), one repeated word (1/8),
+/// versions are, by a hash of (key, ver): zero (1/8), one repeated byte or word (1/8),
 /// incompressible (1/8), or compressible (5/8).
 fn gen_word(key: u64, ver: u32, i: usize) -> u64 {
     if ver == 0 {
@@ -448,6 +448,8 @@ fn gen_word(key: u64, ver: u32, i: usize) -> u64 {
     let h = mix(key.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ ((ver as u64) << 1 | 1));
     match h % 8 {
         0 => 0,
+        // A repeated byte (fits a same-filled swap entry) or a repeated word (may not).
+        1 if h & 0x100 != 0 => 0x0101_0101_0101_0101u64.wrapping_mul((h >> 16) & 0xff | 1),
         1 => h | 1,
         2 => mix(h ^ i as u64),
         _ => (h << 16) ^ (i as u64 / 4),
