@@ -28,7 +28,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::fd::FromRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
@@ -255,6 +255,8 @@ pub struct StressReport {
     pub bytes_verified: u64,
     /// Pages written (whole or a word range).
     pub pages_written: u64,
+    /// Reads done on a region other workers may be reading at the same time.
+    pub shared_reads: u64,
     /// Regions created (library and detached).
     pub regions_created: u64,
     /// Regions dropped or unmapped.
@@ -335,10 +337,11 @@ impl StressReport {
         let _ = writeln!(t, "operations: {} ({})", self.ops_total, ops.join(", "));
         let _ = writeln!(
             t,
-            "pages verified: {} ({} MiB compared), pages written: {}, regions created {} / destroyed {}",
+            "pages verified: {} ({} MiB compared), pages written: {}, shared reads {}, regions created {} / destroyed {}",
             self.pages_verified,
             self.bytes_verified >> 20,
             self.pages_written,
+            self.shared_reads,
             self.regions_created,
             self.regions_destroyed
         );
@@ -457,7 +460,8 @@ fn gen_word(key: u64, ver: u32, i: usize) -> u64 {
 }
 
 /// One page of the shadow model: version `base` everywhere except words `lo..hi`, which hold
-/// version `patch`; or poisoned (content unknowable, every access must give SIGBUS).
+/// version `patch`. (Whether the page is poisoned is kept beside, in atomics, because
+/// readers sharing a region mark it.)
 #[derive(Clone, Copy, Debug, Default)]
 struct PageModel {
     key: u64,
@@ -465,7 +469,6 @@ struct PageModel {
     patch: u32,
     lo: u16,
     hi: u16,
-    poisoned: bool,
 }
 
 impl PageModel {
@@ -790,23 +793,44 @@ enum Owner {
     Lib(#[allow(dead_code)] Region),
     /// A `map_detached` mapping: the program (we) unmaps it.
     Detached,
+    /// Ended: nothing mapped any more.
+    Gone,
 }
 
 struct SRegion {
     id: u64,
     base: usize,
     pages: Vec<PageModel>,
+    /// Per page: it gave SIGBUS (content unknowable, every access must give SIGBUS again).
+    /// The reader that sets it counts the poisoning.
+    poison: Vec<AtomicBool>,
     owner: Owner,
     next_ver: u32,
 }
 
-// SAFETY: an SRegion is a plain address range plus its model; exactly one worker holds it
-// at a time (taken from and put back into the shared pool under its mutex).
+// SAFETY: an SRegion is an address range plus its model. Writers hold it alone (taken out
+// of the shared pool, behind its RwLock's write lock); readers share it behind the read
+// lock and change only the atomic poison flags.
 unsafe impl Send for SRegion {}
+// SAFETY: as above.
+unsafe impl Sync for SRegion {}
+
+/// A region in the shared pool.
+type Slot = Arc<RwLock<SRegion>>;
+
+fn lock_w(slot: &Slot) -> std::sync::RwLockWriteGuard<'_, SRegion> {
+    slot.write().unwrap_or_else(|e| e.into_inner())
+}
 
 impl SRegion {
     fn len_bytes(&self) -> usize {
         self.pages.len() * PAGE
+    }
+    fn dead(&self) -> bool {
+        matches!(self.owner, Owner::Gone)
+    }
+    fn poisoned(&self, p: usize) -> bool {
+        self.poison[p].load(Relaxed)
     }
     fn page_ptr(&self, p: usize) -> *mut u64 {
         (self.base + p * PAGE) as *mut u64
@@ -827,7 +851,7 @@ struct Shared<'a> {
     ops_on: [bool; Op::ALL.len()],
     start: Instant,
     stop: AtomicBool,
-    pool: Mutex<Vec<SRegion>>,
+    pool: Mutex<Vec<Slot>>,
     live_bytes: AtomicU64,
     mem_bytes: u64,
     next_id: AtomicU64,
@@ -843,6 +867,7 @@ struct Shared<'a> {
     examples: Mutex<Vec<String>>,
     sigbus_pages: AtomicU64,
     sigbus_repeat: AtomicU64,
+    shared_reads: AtomicU64,
     tap: Arc<TapState>,
     beats: Vec<Beat>,
     /// Milliseconds since start of the last evict / stage / drain (gates).
@@ -892,7 +917,9 @@ impl Shared<'_> {
         now >= prev + every_ms && last.compare_exchange(prev, now, Relaxed, Relaxed).is_ok()
     }
 
-    fn take_region(&self, rng: &mut Rng) -> Option<SRegion> {
+    /// A region out of the pool, for ops that change it (lock it for writing: readers that
+    /// picked it before may still be reading).
+    fn take_region(&self, rng: &mut Rng) -> Option<Slot> {
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         if pool.is_empty() {
             return None;
@@ -901,7 +928,16 @@ impl Shared<'_> {
         Some(pool.swap_remove(i))
     }
 
-    fn put_region(&self, r: SRegion) {
+    /// A region left in the pool, to read beside other readers.
+    fn peek_region(&self, rng: &mut Rng) -> Option<Slot> {
+        let pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.is_empty() {
+            return None;
+        }
+        Some(pool[rng.below(pool.len())].clone())
+    }
+
+    fn put_region(&self, r: Slot) {
         self.pool.lock().unwrap_or_else(|e| e.into_inner()).push(r);
     }
 }
@@ -929,10 +965,10 @@ fn pick_words(rng: &mut Rng) -> (usize, usize) {
 }
 
 /// Reads words `w0..w1` of page `p` and compares them with the model.
-fn verify_page(sh: &Shared, r: &mut SRegion, p: usize, w0: usize, w1: usize) {
+fn verify_page(sh: &Shared, r: &SRegion, p: usize, w0: usize, w1: usize) {
     let ptr = r.page_ptr(p);
     let m = r.pages[p];
-    if m.poisoned {
+    if r.poisoned(p) {
         // SAFETY: word w0 of page p of a mapping this worker holds.
         match probe_load(unsafe { ptr.add(w0) }) {
             None => {
@@ -951,8 +987,12 @@ fn verify_page(sh: &Shared, r: &mut SRegion, p: usize, w0: usize, w1: usize) {
         // SAFETY: word i of page p of a mapping this worker holds.
         match probe_load(unsafe { ptr.add(i) }) {
             None => {
-                sh.first_sigbus(ptr as usize);
-                r.pages[p].poisoned = true;
+                // Another reader of the same page may have seen it first: one count each.
+                if r.poison[p].compare_exchange(false, true, Relaxed, Relaxed).is_ok() {
+                    sh.first_sigbus(ptr as usize);
+                } else {
+                    sh.sigbus_repeat.fetch_add(1, Relaxed);
+                }
                 return;
             }
             Some(v) => {
@@ -981,7 +1021,7 @@ fn verify_page(sh: &Shared, r: &mut SRegion, p: usize, w0: usize, w1: usize) {
 fn write_page(sh: &Shared, r: &mut SRegion, p: usize, w0: usize, w1: usize) {
     let ptr = r.page_ptr(p);
     let m = r.pages[p];
-    if m.poisoned {
+    if r.poisoned(p) {
         // SAFETY: word w0 of page p of a mapping this worker holds.
         if probe_store(unsafe { ptr.add(w0) }, 0) {
             sh.mismatch(format!(
@@ -1000,14 +1040,14 @@ fn write_page(sh: &Shared, r: &mut SRegion, p: usize, w0: usize, w1: usize) {
     let new = if lo == 0 && hi == WORDS {
         PageModel { key: m.key, base: ver, ..Default::default() }
     } else {
-        PageModel { key: m.key, base: m.base, patch: ver, lo: lo as u16, hi: hi as u16, poisoned: false }
+        PageModel { key: m.key, base: m.base, patch: ver, lo: lo as u16, hi: hi as u16 }
     };
     // The first store lands at the op's own offset (that is where the fault comes from).
     for i in (w0..hi).chain(lo..w0) {
         // SAFETY: word i of page p of a mapping this worker holds.
         if !probe_store(unsafe { ptr.add(i) }, gen_word(m.key, ver, i)) {
             sh.first_sigbus(ptr as usize);
-            r.pages[p].poisoned = true;
+            r.poison[p].store(true, Relaxed);
             return;
         }
     }
@@ -1045,21 +1085,23 @@ fn create_region(sh: &Shared, rng: &mut Rng, detached: bool) {
         }
     };
     let pages = (0..n_pages).map(|i| PageModel::fresh(id << 24 | i as u64)).collect();
+    let poison = (0..n_pages).map(|_| AtomicBool::new(false)).collect();
     sh.live_bytes.fetch_add((n_pages * PAGE) as u64, Relaxed);
     sh.created.fetch_add(1, Relaxed);
-    sh.put_region(SRegion { id, base, pages, owner, next_ver: 0 });
+    sh.put_region(Arc::new(RwLock::new(SRegion { id, base, pages, poison, owner, next_ver: 0 })));
 }
 
-/// Ends a region: drops a library region, unmaps a detached one.
-fn destroy_region(sh: &Shared, r: SRegion) {
+/// Ends a region (held for writing): drops a library region, unmaps a detached one. A
+/// reader that picked it earlier finds it dead.
+fn destroy_region(sh: &Shared, r: &mut SRegion) {
     sh.live_bytes.fetch_sub(r.len_bytes() as u64, Relaxed);
     sh.destroyed.fetch_add(1, Relaxed);
     if let Owner::Detached = r.owner {
         // SAFETY: the mapping came from map_detached and is the program's to unmap; this
-        // worker holds the only reference.
+        // worker holds the region for writing, so nobody else touches it.
         unsafe { libc::munmap(r.base as *mut libc::c_void, r.len_bytes()) };
     }
-    drop(r);
+    r.owner = Owner::Gone;
 }
 
 /// `madvise(DONTNEED)` a range: the pages must read back as zeros (and are no longer
@@ -1072,8 +1114,9 @@ fn dontneed(r: &mut SRegion, rng: &mut Rng) -> bool {
     if rc != 0 {
         return false;
     }
-    for m in &mut r.pages[first..first + n] {
-        *m = PageModel::fresh(m.key);
+    for p in first..first + n {
+        r.pages[p] = PageModel::fresh(r.pages[p].key);
+        r.poison[p].store(false, Relaxed);
     }
     true
 }
@@ -1119,10 +1162,12 @@ fn mremap(sh: &Shared, r: &mut SRegion, rng: &mut Rng) -> bool {
     r.base = got as usize;
     if new_n < old_n {
         r.pages.truncate(new_n);
+        r.poison.truncate(new_n);
         sh.live_bytes.fetch_sub(((old_n - new_n) * PAGE) as u64, Relaxed);
     } else if new_n > old_n {
         let id = sh.next_id.fetch_add(1, Relaxed);
         r.pages.extend((old_n..new_n).map(|i| PageModel::fresh(id << 24 | i as u64)));
+        r.poison.extend((old_n..new_n).map(|_| AtomicBool::new(false)));
         sh.live_bytes.fetch_add(((new_n - old_n) * PAGE) as u64, Relaxed);
     }
     true
@@ -1211,13 +1256,15 @@ fn worker(sh: &Shared, t: usize, seed: u64) {
                 }
             }
             Op::Destroy | Op::Munmap => {
-                if let Some(r) = sh.take_region(&mut rng) {
+                if let Some(slot) = sh.take_region(&mut rng) {
+                    let mut r = lock_w(&slot);
                     let detached = matches!(r.owner, Owner::Detached);
                     if detached == (op == Op::Munmap) {
-                        destroy_region(sh, r);
+                        destroy_region(sh, &mut r);
                         sh.ops[op.idx()].fetch_add(1, Relaxed);
                     } else {
-                        sh.put_region(r);
+                        drop(r);
+                        sh.put_region(slot);
                     }
                 }
             }
@@ -1243,8 +1290,26 @@ fn worker(sh: &Shared, t: usize, seed: u64) {
                     sh.ops[op.idx()].fetch_add(1, Relaxed);
                 }
             }
+            // A third of the reads share their region with other readers (the same pages may
+            // fault in two threads at once); the region stays in the pool meanwhile.
+            Op::Read if rng.chance(1, 3) => match sh.peek_region(&mut rng) {
+                Some(slot) => {
+                    let r = slot.read().unwrap_or_else(|e| e.into_inner());
+                    if !r.dead() {
+                        let (first, n) = pick_pages(&mut rng, r.pages.len());
+                        for p in first..first + n {
+                            beat.addr.store(r.base + p * PAGE, Relaxed);
+                            verify_page(sh, &r, p, 0, WORDS);
+                        }
+                        sh.ops[op.idx()].fetch_add(1, Relaxed);
+                        sh.shared_reads.fetch_add(1, Relaxed);
+                    }
+                }
+                None => {}
+            },
             Op::Read | Op::Write | Op::Dontneed | Op::Mremap => match sh.take_region(&mut rng) {
-                Some(mut r) => {
+                Some(slot) => {
+                    let mut r = lock_w(&slot);
                     // A short burst on the region: sequential reads, read-after-write.
                     let burst = rng.range(1, 4);
                     region_op(sh, &mut r, op, &mut rng, beat);
@@ -1252,7 +1317,8 @@ fn worker(sh: &Shared, t: usize, seed: u64) {
                         let o = if rng.chance(1, 2) { Op::Read } else { Op::Write };
                         region_op(sh, &mut r, o, &mut rng, beat);
                     }
-                    sh.put_region(r);
+                    drop(r);
+                    sh.put_region(slot);
                 }
                 None => {
                     create_region(sh, &mut rng, false);
@@ -1362,6 +1428,7 @@ pub fn run(spec: &StressSpec) -> Result<StressReport, StressError> {
         examples: Mutex::new(Vec::new()),
         sigbus_pages: AtomicU64::new(0),
         sigbus_repeat: AtomicU64::new(0),
+        shared_reads: AtomicU64::new(0),
         tap: tap_state.clone(),
         beats: (0..threads).map(|_| Beat::default()).collect(),
         last_evict: AtomicU64::new(0),
@@ -1467,10 +1534,11 @@ pub fn run(spec: &StressSpec) -> Result<StressReport, StressError> {
         std::thread::sleep(Duration::from_millis(10));
     };
     // End the regions (detached ones without munmap stay to the pager's end).
-    let regions: Vec<SRegion> = std::mem::take(&mut *sh.pool.lock().unwrap_or_else(|e| e.into_inner()));
-    for r in regions {
+    let regions: Vec<Slot> = std::mem::take(&mut *sh.pool.lock().unwrap_or_else(|e| e.into_inner()));
+    for slot in regions {
+        let mut r = lock_w(&slot);
         if matches!(r.owner, Owner::Lib(_)) || sh.on(Op::Munmap) {
-            destroy_region(&sh, r);
+            destroy_region(&sh, &mut r);
         }
     }
     // The pager ends before the tap: whatever it still logs is counted.
@@ -1532,6 +1600,7 @@ fn collect(spec: &StressSpec, sh: &Shared, plan: Option<String>) -> StressReport
         pages_verified: sh.pages_verified.load(Relaxed),
         bytes_verified: sh.bytes_verified.load(Relaxed),
         pages_written: sh.pages_written.load(Relaxed),
+        shared_reads: sh.shared_reads.load(Relaxed),
         regions_created: sh.created.load(Relaxed),
         regions_destroyed: sh.destroyed.load(Relaxed),
         drain_moved: sh.drain_moved.load(Relaxed),
