@@ -274,6 +274,9 @@ pub struct StressReport {
     pub sigbus_pages: u64,
     /// Later accesses to poisoned pages that gave SIGBUS again, as they must.
     pub sigbus_repeat: u64,
+    /// Poisoned pages that later did not give SIGBUS (read or written normally): counted in
+    /// `mismatches` too.
+    pub poison_lifted: u64,
     /// Pages the engine logged as poisoned ("cannot be read back … SIGBUS").
     pub poison_logged: u64,
     /// Of those, for a read error.
@@ -397,8 +400,9 @@ impl StressReport {
         }
         let _ = writeln!(
             t,
-            "mismatches: {}, hangs: {}, accounted: {} => {}",
+            "mismatches: {} (poisoned pages that stopped giving SIGBUS: {}), hangs: {}, accounted: {} => {}",
             self.mismatches,
+            self.poison_lifted,
             self.hangs,
             if self.accounted { "yes" } else { "NO" },
             if self.passed() { "PASS" } else { "FAIL" }
@@ -803,7 +807,7 @@ struct SRegion {
     pages: Vec<PageModel>,
     /// Per page: it gave SIGBUS (content unknowable, every access must give SIGBUS again).
     /// The reader that sets it counts the poisoning.
-    poison: Vec<AtomicBool>,
+    poison: Vec<AtomicU8>,
     owner: Owner,
     next_ver: u32,
 }
@@ -814,6 +818,13 @@ struct SRegion {
 unsafe impl Send for SRegion {}
 // SAFETY: as above.
 unsafe impl Sync for SRegion {}
+
+/// A page's poison state: it never gave SIGBUS (since its last discard)…
+const GOOD: u8 = 0;
+/// … it gave SIGBUS, and every access must give SIGBUS again…
+const POISONED: u8 = 1;
+/// … it gave SIGBUS but later an access did not (counted once, then left alone).
+const LIFTED: u8 = 2;
 
 /// A region in the shared pool.
 type Slot = Arc<RwLock<SRegion>>;
@@ -830,7 +841,7 @@ impl SRegion {
         matches!(self.owner, Owner::Gone)
     }
     fn poisoned(&self, p: usize) -> bool {
-        self.poison[p].load(Relaxed)
+        self.poison[p].load(Relaxed) != GOOD
     }
     fn page_ptr(&self, p: usize) -> *mut u64 {
         (self.base + p * PAGE) as *mut u64
@@ -868,6 +879,7 @@ struct Shared<'a> {
     sigbus_pages: AtomicU64,
     sigbus_repeat: AtomicU64,
     shared_reads: AtomicU64,
+    poison_lifted: AtomicU64,
     tap: Arc<TapState>,
     beats: Vec<Beat>,
     /// Milliseconds since start of the last evict / stage / drain (gates).
@@ -890,6 +902,16 @@ impl Shared<'_> {
     /// mismatches, so the run fails.
     fn error(&self, what: String) {
         self.mismatch(format!("error: {what}"));
+    }
+
+    /// A poisoned page that no longer gives SIGBUS: its bytes are not the program's any more
+    /// (a wrong-bytes failure), counted once per page.
+    fn poison_lifted(&self, r: &SRegion, p: usize, what: &str) {
+        if r.poison[p].swap(LIFTED, Relaxed) == LIFTED {
+            return;
+        }
+        self.poison_lifted.fetch_add(1, Relaxed);
+        self.mismatch(format!("region {} page {p} ({:#x}) gave SIGBUS before but {what}", r.id, r.base + p * PAGE));
     }
 
     fn mismatch(&self, what: String) {
@@ -974,10 +996,7 @@ fn verify_page(sh: &Shared, r: &SRegion, p: usize, w0: usize, w1: usize) {
             None => {
                 sh.sigbus_repeat.fetch_add(1, Relaxed);
             }
-            Some(v) => sh.mismatch(format!(
-                "region {} page {p} ({:#x}) gave SIGBUS before but now reads {v:#x}",
-                r.id, ptr as usize
-            )),
+            Some(v) => sh.poison_lifted(r, p, &format!("now reads {v:#x}")),
         }
         return;
     }
@@ -988,7 +1007,7 @@ fn verify_page(sh: &Shared, r: &SRegion, p: usize, w0: usize, w1: usize) {
         match probe_load(unsafe { ptr.add(i) }) {
             None => {
                 // Another reader of the same page may have seen it first: one count each.
-                if r.poison[p].compare_exchange(false, true, Relaxed, Relaxed).is_ok() {
+                if r.poison[p].compare_exchange(GOOD, POISONED, Relaxed, Relaxed).is_ok() {
                     sh.first_sigbus(ptr as usize);
                 } else {
                     sh.sigbus_repeat.fetch_add(1, Relaxed);
@@ -1024,10 +1043,7 @@ fn write_page(sh: &Shared, r: &mut SRegion, p: usize, w0: usize, w1: usize) {
     if r.poisoned(p) {
         // SAFETY: word w0 of page p of a mapping this worker holds.
         if probe_store(unsafe { ptr.add(w0) }, 0) {
-            sh.mismatch(format!(
-                "region {} page {p} ({:#x}) gave SIGBUS before but now takes a store",
-                r.id, ptr as usize
-            ));
+            sh.poison_lifted(r, p, "now takes a store");
         } else {
             sh.sigbus_repeat.fetch_add(1, Relaxed);
         }
@@ -1047,7 +1063,7 @@ fn write_page(sh: &Shared, r: &mut SRegion, p: usize, w0: usize, w1: usize) {
         // SAFETY: word i of page p of a mapping this worker holds.
         if !probe_store(unsafe { ptr.add(i) }, gen_word(m.key, ver, i)) {
             sh.first_sigbus(ptr as usize);
-            r.poison[p].store(true, Relaxed);
+            r.poison[p].store(POISONED, Relaxed);
             return;
         }
     }
@@ -1085,7 +1101,7 @@ fn create_region(sh: &Shared, rng: &mut Rng, detached: bool) {
         }
     };
     let pages = (0..n_pages).map(|i| PageModel::fresh(id << 24 | i as u64)).collect();
-    let poison = (0..n_pages).map(|_| AtomicBool::new(false)).collect();
+    let poison = (0..n_pages).map(|_| AtomicU8::new(GOOD)).collect();
     sh.live_bytes.fetch_add((n_pages * PAGE) as u64, Relaxed);
     sh.created.fetch_add(1, Relaxed);
     sh.put_region(Arc::new(RwLock::new(SRegion { id, base, pages, poison, owner, next_ver: 0 })));
@@ -1116,7 +1132,7 @@ fn dontneed(r: &mut SRegion, rng: &mut Rng) -> bool {
     }
     for p in first..first + n {
         r.pages[p] = PageModel::fresh(r.pages[p].key);
-        r.poison[p].store(false, Relaxed);
+        r.poison[p].store(GOOD, Relaxed);
     }
     true
 }
@@ -1167,7 +1183,7 @@ fn mremap(sh: &Shared, r: &mut SRegion, rng: &mut Rng) -> bool {
     } else if new_n > old_n {
         let id = sh.next_id.fetch_add(1, Relaxed);
         r.pages.extend((old_n..new_n).map(|i| PageModel::fresh(id << 24 | i as u64)));
-        r.poison.extend((old_n..new_n).map(|_| AtomicBool::new(false)));
+        r.poison.extend((old_n..new_n).map(|_| AtomicU8::new(GOOD)));
         sh.live_bytes.fetch_add(((new_n - old_n) * PAGE) as u64, Relaxed);
     }
     true
@@ -1429,6 +1445,7 @@ pub fn run(spec: &StressSpec) -> Result<StressReport, StressError> {
         sigbus_pages: AtomicU64::new(0),
         sigbus_repeat: AtomicU64::new(0),
         shared_reads: AtomicU64::new(0),
+        poison_lifted: AtomicU64::new(0),
         tap: tap_state.clone(),
         beats: (0..threads).map(|_| Beat::default()).collect(),
         last_evict: AtomicU64::new(0),
@@ -1609,6 +1626,7 @@ fn collect(spec: &StressSpec, sh: &Shared, plan: Option<String>) -> StressReport
         mismatch_examples: sh.examples.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         sigbus_pages: sh.sigbus_pages.load(Relaxed),
         sigbus_repeat: sh.sigbus_repeat.load(Relaxed),
+        poison_lifted: sh.poison_lifted.load(Relaxed),
         counters: stats.counters.pairs().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
         injected: inject::report().kinds,
         ..Default::default()
