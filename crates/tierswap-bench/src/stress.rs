@@ -213,6 +213,9 @@ pub struct StressSpec {
     pub progress: bool,
     /// Write the report as JSON here.
     pub json: Option<PathBuf>,
+    /// Also write the engine's log lines here (repeats of one "staging … failed" line per
+    /// address left out).
+    pub engine_log: Option<PathBuf>,
 }
 
 /// An injected kind and what the run saw of its consequences.
@@ -594,7 +597,6 @@ const SENTINEL: &str = "tierswap-stress: end of the engine log";
 /// Engine lines shown; the rest are counted.
 const SHOWN_ENGINE_LINES: u64 = 20;
 
-#[derive(Default)]
 struct TapState {
     /// Per page address: poisonings logged minus first SIGBUSes seen.
     balance: Mutex<HashMap<usize, i64>>,
@@ -605,6 +607,23 @@ struct TapState {
     suppressed: AtomicU64,
     ended: (Mutex<bool>, Condvar),
     bar: Mutex<Option<ProgressBar>>,
+    t0: Instant,
+}
+
+impl Default for TapState {
+    fn default() -> Self {
+        TapState {
+            balance: Default::default(),
+            logged: Default::default(),
+            logged_io: Default::default(),
+            logged_corrupt: Default::default(),
+            lines: Default::default(),
+            suppressed: Default::default(),
+            ended: Default::default(),
+            bar: Default::default(),
+            t0: Instant::now(),
+        }
+    }
 }
 
 struct Tap {
@@ -625,7 +644,14 @@ fn poisoned_addr(line: &str) -> Option<usize> {
 }
 
 impl Tap {
-    fn start(state: Arc<TapState>) -> Result<Tap, StressError> {
+    fn start(state: Arc<TapState>, log_path: Option<&PathBuf>) -> Result<Tap, StressError> {
+        let mut log = match log_path {
+            Some(p) => Some(std::io::BufWriter::new(
+                File::create(p).map_err(|e| StressError::Setup(format!("cannot create {}: {e}", p.display())))?,
+            )),
+            None => None,
+        };
+        let mut staging_seen = std::collections::HashSet::new();
         let err = |what: &str| StressError::Setup(format!("{what}: {}", std::io::Error::last_os_error()));
         let mut fds = [0i32; 2];
         // SAFETY: pipe2 fills the two fds; fcntl/dup2/close act on fds we own or on fd 2.
@@ -685,6 +711,13 @@ impl Tap {
                             st.logged_corrupt.fetch_add(1, Relaxed);
                         }
                         *st.balance.lock().unwrap_or_else(|e| e.into_inner()).entry(addr).or_insert(0) += 1;
+                    }
+                    if let (true, Some(w)) = (engine, log.as_mut()) {
+                        // Reclaim retries a poisoned page's staging over and over: keep the first.
+                        let repeat = line.contains("staging pages at") && !staging_seen.insert(line.to_string());
+                        if !repeat {
+                            let _ = writeln!(w, "{:.3} {line}", st.t0.elapsed().as_secs_f64());
+                        }
                     }
                     if engine && shown >= SHOWN_ENGINE_LINES {
                         st.suppressed.fetch_add(1, Relaxed);
@@ -915,6 +948,7 @@ impl Shared<'_> {
     }
 
     fn mismatch(&self, what: String) {
+        let what = format!("{what} [{:.3} s]", self.start.elapsed().as_secs_f64());
         self.mismatches.fetch_add(1, Relaxed);
         let mut ex = self.examples.lock().unwrap_or_else(|e| e.into_inner());
         if ex.len() < MAX_EXAMPLES {
@@ -1454,7 +1488,7 @@ pub fn run(spec: &StressSpec) -> Result<StressReport, StressError> {
         detached_kept: AtomicUsize::new(0),
         has_file: spec.pager.tiers.file,
     };
-    let tap = Tap::start(tap_state.clone())?;
+    let tap = Tap::start(tap_state.clone(), spec.engine_log.as_ref())?;
     let bar = if spec.progress { make_bar(tap.orig_fd, spec.duration) } else { None };
     *tap_state.bar.lock().unwrap_or_else(|e| e.into_inner()) = bar.clone();
 

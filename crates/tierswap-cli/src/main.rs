@@ -136,6 +136,9 @@ struct Bench {
     /// stress: live managed memory the workers keep, in all.
     #[arg(long)]
     stress_mem: Option<String>,
+    /// stress: write every engine log line (stderr) to this file too, with seconds since the start.
+    #[arg(long)]
+    engine_log: Option<PathBuf>,
     /// stress: no progress by a worker for this long is a hang (exit 3).
     #[arg(long, default_value = "30s")]
     watchdog: String,
@@ -298,6 +301,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
             (b.inject.is_some(), "--inject"),
             (b.seed.is_some(), "--seed"),
             (b.stress_mem.is_some(), "--stress-mem"),
+            (b.engine_log.is_some(), "--engine-log"),
         ] {
             if given {
                 return Err(UserError(format!("{flag} is for --workload stress")));
@@ -495,6 +499,7 @@ fn run_stress(b: &Bench, engines: &[tierswap_bench::EngineSpec], pager: PagerCon
         watchdog,
         progress: !b.quiet,
         json: b.json.clone(),
+        engine_log: b.engine_log.clone(),
     };
     let report = stress::run(&spec)?;
     let text = stress::finish(&report, spec.json.as_ref())?;

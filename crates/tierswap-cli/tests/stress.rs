@@ -82,8 +82,7 @@ fn check_common(v: &Value, text: &str) {
 
 #[test]
 fn stress_with_every_fault_kind_loses_nothing() {
-    let (code, v, text) =
-        stress("inject", &["--threads", "4", "--duration", "20s", "--inject", "all", "--seed", "7"]);
+    let (code, v, text) = stress("inject", &["--threads", "4", "--duration", "20s", "--inject", "all", "--seed", "7"]);
     assert_eq!(code, Some(0), "{text}");
     check_common(&v, &text);
     let kinds: Vec<&str> = v["injected"].as_array().unwrap().iter().map(|k| k["kind"].as_str().unwrap()).collect();
