@@ -179,6 +179,19 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             s.counters.faults_first_touch.fetch_add(1, Ordering::Relaxed);
             Pte::present()
         }
+        PteState::Present if old.is_poisoned() => {
+            // A message queued before the page was poisoned (a range wake let its thread
+            // fault again): re-arm the marker (EEXIST: still there) and let it take SIGBUS.
+            // A zero page here would quietly turn a lost page into zeros.
+            match s.uffd.poison(page_addr, PAGE_SIZE, false) {
+                Ok(_) | Err(uffd::Error::PageExist { .. }) => {
+                    let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+                }
+                Err(e) => fatal(&format!("cannot poison unreadable page {page_addr:#x}: {e}")),
+            }
+            r.ptes.unlock(idx, old, old);
+            return;
+        }
         PteState::Present => {
             // Already served (a second message for the page), or the program discarded it:
             // either way a zero page is right, and EEXIST tells us it was the former.
@@ -426,7 +439,7 @@ fn swap_in(
                 // Poisoned: the page reads as SIGBUS until the program discards it.
                 free_backend(s, p.entry);
                 s.swap.unlock(slot, p.entry, SwapEntry::FREE);
-                r.ptes.unlock(j, pte, Pte::present());
+                r.ptes.unlock(j, pte, Pte::poisoned());
                 installed += 1;
                 from_tag = Some(p.entry.tag());
             }

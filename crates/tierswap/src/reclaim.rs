@@ -243,6 +243,10 @@ impl Reclaim {
         for i in start..end {
             // An active page (refaulted from staging) gets one more round: clear the bit.
             let p = r.ptes.load(i);
+            if p.is_poisoned() {
+                // A poison marker holds no data and cannot be moved: nothing to stage.
+                continue;
+            }
             if !force && p.state() == PteState::Present && p.active() && !p.locked() {
                 if let Some(old) = r.ptes.try_lock_in(i, PteState::Present) {
                     r.ptes.unlock(i, old, old.aged_hot());
@@ -253,15 +257,19 @@ impl Reclaim {
                 // Forced eviction waits out a fault in flight: the program may already run
                 // on a page whose pte its fault thread has yet to mark present.
                 let old = r.ptes.lock(i);
-                if old.state() == PteState::Present {
+                if old.state() == PteState::Present && !old.is_poisoned() {
                     locked[i - start] = true;
                     any = true;
                 } else {
                     r.ptes.unlock(i, old, old);
                 }
-            } else if r.ptes.try_lock_in(i, PteState::Present).is_some() {
-                locked[i - start] = true;
-                any = true;
+            } else if let Some(old) = r.ptes.try_lock_in(i, PteState::Present) {
+                if old.is_poisoned() {
+                    r.ptes.unlock(i, old, old);
+                } else {
+                    locked[i - start] = true;
+                    any = true;
+                }
             }
         }
         if !any {
