@@ -183,12 +183,8 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             // A message queued before the page was poisoned (a range wake let its thread
             // fault again): re-arm the marker (EEXIST: still there) and let it take SIGBUS.
             // A zero page here would quietly turn a lost page into zeros.
-            match s.uffd.poison(page_addr, PAGE_SIZE, false) {
-                Ok(_) | Err(uffd::Error::PageExist { .. }) => {
-                    let _ = s.uffd.wake(page_addr, PAGE_SIZE);
-                }
-                Err(e) => fatal(&format!("cannot poison unreadable page {page_addr:#x}: {e}")),
-            }
+            arm_poison(s, page_addr);
+            let _ = s.uffd.wake(page_addr, PAGE_SIZE);
             r.ptes.unlock(idx, old, old);
             return;
         }
@@ -941,11 +937,22 @@ fn poison(s: &Shared, addr: usize, slot: u64, fail: &ReadFail) {
     eprintln!(
         "tierswap: page at {addr:#x} (slot {slot}) cannot be read back ({fail}); the accessing thread gets SIGBUS"
     );
+    if arm_poison(s, addr) {
+        let _ = s.uffd.wake(addr, PAGE_SIZE);
+    }
+}
+
+/// Puts a poison marker at `addr`. True when the caller should wake the page's waiters
+/// (the marker was there already); false when the install woke them or nobody is left.
+/// The pte says poisoned either way: if the range is changing under an event (munmap or
+/// mremap in flight: ENOENT, EINVAL, EAGAIN), the event clears or moves that pte, or the
+/// retried access faults again and lands here once more.
+fn arm_poison(s: &Shared, addr: usize) -> bool {
     match s.uffd.poison(addr, PAGE_SIZE, false) {
-        Ok(_) => {}
-        Err(uffd::Error::PageExist { .. }) => {
-            let _ = s.uffd.wake(addr, PAGE_SIZE);
-        }
+        Ok(_) => false,
+        Err(uffd::Error::PageExist { .. }) => true,
+        Err(uffd::Error::ProcessGone { .. }) => false,
+        Err(uffd::Error::NoPage { .. } | uffd::Error::Invalid { .. } | uffd::Error::Again { .. }) => true,
         Err(e) => fatal(&format!("cannot poison unreadable page {addr:#x}: {e}")),
     }
 }
