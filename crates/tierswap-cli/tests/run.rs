@@ -370,3 +370,47 @@ fn losing_the_userfaultfd_aborts_naming_tierswap() {
     assert!(ran.stderr.contains("tierswap: "), "{}", ran.describe());
     assert!(!ran.stderr.contains("MISMATCH"), "{}", ran.describe());
 }
+
+/// madvise(DONTNEED / FREE) reads zeros and the rest keeps its bytes, mremap (grow, shrink,
+/// move) keeps the bytes, realloc keeps them, and once everything is unmapped the pager holds
+/// (almost) nothing: slots and pool bytes went with the mappings.
+#[test]
+#[ignore = "needs the engine to follow REMOVE/UNMAP/REMAP events (branch ev)"]
+fn madvise_munmap_mremap_are_followed() {
+    let dir = TestDir::new("mapops");
+    let prog = compile(&dir, "mapops");
+    let st = dir.path("stats.json");
+    let ran = run_to_end(tierswap_run(&["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &[]));
+    assert!(ran.status.success() && ran.stdout.contains("mapops ok"), "{}", ran.describe());
+    let s = stats(&st);
+    assert_swapped_both_ways(&s, 8 << 20);
+    // Left at exit: stdio's buffer and such in the small-object arena, a few pages.
+    let slots = s["swap_slots"].as_u64().unwrap();
+    let pool_pages = s["pool_stored_pages"].as_u64().unwrap();
+    let present = s["present_pages"].as_u64().unwrap() + s["staged_pages"].as_u64().unwrap();
+    assert!(
+        slots <= 16 && pool_pages <= 16 && present <= 64,
+        "freed memory still held: slots {slots}, pool pages {pool_pages}, present+staged {present}"
+    );
+}
+
+/// fork: the child sees exactly the parent's memory at the fork while the parent overwrites
+/// it; neither sees the other's writes; fork+exec runs a program with a pager of its own.
+#[test]
+#[ignore = "needs the engine to follow FORK events (branch ev)"]
+fn fork_child_sees_the_parent_memory_at_fork() {
+    let dir = TestDir::new("fork");
+    let prog = compile(&dir, "fork");
+    let st = dir.path("stats-%p.json");
+    let ran = run_to_end(tierswap_run(&["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &[]));
+    assert!(ran.status.success() && ran.stdout.contains("fork ok"), "{}", ran.describe());
+    // The parent and the exec'd child each wrote stats (the forked child manages nothing new
+    // and writes none).
+    let written: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("stats-"))
+        .collect();
+    assert_eq!(written.len(), 2, "{written:?}");
+    eprintln!("{}", ran.stdout.trim());
+}
