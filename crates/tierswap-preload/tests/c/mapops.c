@@ -5,6 +5,7 @@
  *  - mremap: grow in place or moved (MAYMOVE), shrink, move to a chosen address (FIXED):
  *    every byte that was kept is where it should be, grown parts read zero;
  *  - realloc of large blocks keeps the bytes;
+ *  - map / unmap churn: a new mapping where an old one was sees nothing of the old one;
  *  - munmap / free of everything at the end: the exit stats show the slots freed.
  * Exit 0: every byte right. */
 #include "common.h"
@@ -69,6 +70,18 @@ int main(void) {
     r = realloc(r, 5 * MIB);
     if (!r) die("realloc shrink");
     bad |= check("realloc shrunk", r, 5 * MIB, 18);
+
+    /* Churn: the kernel hands the same addresses out again after each munmap, and a new
+     * mapping there must not see anything of the old one. */
+    for (int i = 0; i < 40; i++) {
+        size_t len = (size_t)(2 + i % 5) * MIB;
+        uint8_t *p = i % 2 ? xmalloc(len) : xmmap(len);
+        if (!(i % 2)) bad |= check_zero("fresh mmap after munmap churn", p, len);
+        fill(p, len, 100 + (uint64_t)i);
+        bad |= check("churned mapping", p, len, 100 + (uint64_t)i);
+        if (i % 2) free(p); else munmap(p, len);
+        if (bad) break;
+    }
 
     /* Give everything back: the pager's slots and pool bytes must go with it. */
     free(r);
