@@ -353,6 +353,20 @@ fn closing_every_descriptor_keeps_the_memory() {
     assert_eq!(refused, 3 * protected, "{}", s["shim"]);
 }
 
+/// A fault thread that cannot go on (here: a seccomp filter, applied to every thread as
+/// sandboxes do, makes read and ioctl on the userfaultfd fail) ends the process with SIGABRT
+/// and a message naming tierswap: the program touching swapped-out memory never hangs and
+/// never reads wrong bytes.
+#[test]
+fn a_fault_thread_that_cannot_serve_aborts_naming_tierswap() {
+    let dir = TestDir::new("seccomp");
+    let prog = compile(&dir, "seccomp");
+    let ran = run_within(tierswap_run(&["--budget", "8M"], &prog, &[]), Duration::from_secs(30));
+    assert_eq!(ran.status.signal(), Some(libc::SIGABRT), "{}", ran.describe());
+    assert!(ran.stderr.contains("tierswap: ") && ran.stderr.contains("aborting"), "{}", ran.describe());
+    assert!(!ran.stderr.contains("MISMATCH") && !ran.stderr.contains("still running"), "{}", ran.describe());
+}
+
 /// A program that closes the pager's userfaultfd behind the shim's back (the raw system
 /// call) leaves the pager unable to serve faults: the process must end with SIGABRT and a
 /// message naming tierswap, not hang and not run on with wrong bytes.
