@@ -303,6 +303,8 @@ fn without_userfaultfd_one_warning_or_exit_2_under_strict() {
     let unprivileged = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
     assert_eq!(unprivileged.trim(), "0", "the test needs vm.unprivileged_userfaultfd=0 (the default)");
     let dir = TestDir::new("nouffd");
+    // Writable for uid 65534: the swap file and the stats could be made, only userfaultfd is missing.
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let prog = compile(&dir, "status");
     let st = dir.path("stats.json");
     let as_nobody = |strict: bool| {
