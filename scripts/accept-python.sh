@@ -8,7 +8,8 @@
 # Exit 0 only when the digests match, the program exited 0 and the largest footprint sampled
 # is at most 1.05 × the budget. Prints one summary line at the end.
 #
-# Usage: scripts/accept-python.sh [--budget 128M] [--size-mib 1024] [--python PATH]
+# Usage: scripts/accept-python.sh [--budget 128M] [--size-mib 1024] [--python PATH] [--flags "…"]
+#   --flags: more `tierswap run` flags, e.g. --flags "--malloc large --tiers zero,pool".
 #   TIERSWAP_BIN: the tierswap binary (default target/release/tierswap; build it with
 #   cargo build --release -p tierswap-cli -p tierswap-preload).
 #   --python: the interpreter. Default: the real interpreter behind `python3` (a pyenv shim is
@@ -19,12 +20,14 @@ set -euo pipefail
 budget=128M
 size_mib=1024
 python=""
+flags=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --budget) budget="$2"; shift 2 ;;
         --size-mib) size_mib="$2"; shift 2 ;;
         --python) python="$2"; shift 2 ;;
-        *) echo "accept-python: unknown argument '$1' (use --budget, --size-mib, --python)" >&2; exit 2 ;;
+        --flags) flags="$2"; shift 2 ;;
+        *) echo "accept-python: unknown argument '$1' (use --budget, --size-mib, --python, --flags)" >&2; exit 2 ;;
     esac
 done
 
@@ -99,7 +102,8 @@ expected="$(env -u LD_PRELOAD "$python" "$work/workload.py" stream "$size_mib")"
 
 # The managed run, sampled.
 start=$(date +%s.%N)
-"$bin" run --budget "$budget" --stats-on-exit "$work/stats.json" -- "$python" "$work/workload.py" build "$size_mib" \
+# shellcheck disable=SC2086 # $flags: several words on purpose
+"$bin" run --budget "$budget" $flags --stats-on-exit "$work/stats.json" -- "$python" "$work/workload.py" build "$size_mib" \
     > "$work/out" 2> "$work/err" &
 pid=$!
 max_fp=0
@@ -139,8 +143,8 @@ if [ "$budget_bytes" -gt 0 ]; then
 fi
 grep -v '^built in' "$work/err" | head -5 >&2 || true
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
-printf 'accept-python: %s MiB of Python objects under --budget %s: digest %s; footprint max sampled %s MiB (%d samples), max at exit %s MiB, budget %s MiB; %s; %s; wall %.1f s; %s\n' \
-    "$size_mib" "$budget" "$([ "$got" = "$expected" ] && echo ok || echo WRONG)" "$(mib "$max_fp")" "$samples" \
+printf 'accept-python: %s MiB of Python objects under --budget %s%s: digest %s; footprint max sampled %s MiB (%d samples), max at exit %s MiB, budget %s MiB; %s; %s; wall %.1f s; %s\n' \
+    "$size_mib" "$budget" "${flags:+ $flags}" "$([ "$got" = "$expected" ] && echo ok || echo WRONG)" "$(mib "$max_fp")" "$samples" \
     "$(mib "$exit_max")" "$(mib "$budget_bytes")" "$swapped" "$(grep '^built in' "$work/err" || true)" \
     "$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')" "${fail:-PASS}"
 [ -z "$fail" ]
