@@ -3,7 +3,8 @@
 # a list, str→str dict entries) and bytes under `tierswap run --budget 128M`, then computes a
 # SHA-256 over everything it holds; the same generators hashed in a separate python process
 # without the shim (streaming, holding almost nothing) give the expected digest. Meanwhile
-# `tierswap stat PID --format json` is sampled every ~0.2 s for the footprint.
+# `tierswap stat PID --format json` is sampled every ~0.2 s for the footprint, and
+# /proc/PID/status for the process's RSS (reported, not judged: it includes unmanaged memory).
 #
 # Exit 0 only when the digests match, the program exited 0 and the largest footprint sampled
 # is at most 1.05 × the budget. Prints one summary line at the end.
@@ -107,6 +108,7 @@ start=$(date +%s.%N)
     > "$work/out" 2> "$work/err" &
 pid=$!
 max_fp=0
+max_rss_kib=0
 samples=0
 budget_bytes=0
 while kill -0 "$pid" 2>/dev/null; do
@@ -116,6 +118,9 @@ while kill -0 "$pid" 2>/dev/null; do
         samples=$((samples + 1))
         [ "$fp" -gt "$max_fp" ] && max_fp=$fp
     fi
+    # The whole process too (managed + unmanaged + the pager's own): what the kernel sees.
+    rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$pid/status" 2>/dev/null || true)
+    [ -n "$rss" ] && [ "$rss" -gt "$max_rss_kib" ] && max_rss_kib=$rss
     sleep 0.2
 done
 status=0
@@ -143,8 +148,8 @@ if [ "$budget_bytes" -gt 0 ]; then
 fi
 grep -v '^built in' "$work/err" | head -5 >&2 || true
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
-printf 'accept-python: %s MiB of Python objects under --budget %s%s: digest %s; footprint max sampled %s MiB (%d samples), max at exit %s MiB, budget %s MiB; %s; %s; wall %.1f s; %s\n' \
+printf 'accept-python: %s MiB of Python objects under --budget %s%s: digest %s; footprint max sampled %s MiB (%d samples), max at exit %s MiB, budget %s MiB; process RSS max %s MiB; %s; %s; wall %.1f s; %s\n' \
     "$size_mib" "$budget" "${flags:+ $flags}" "$([ "$got" = "$expected" ] && echo ok || echo WRONG)" "$(mib "$max_fp")" "$samples" \
-    "$(mib "$exit_max")" "$(mib "$budget_bytes")" "$swapped" "$(grep '^built in' "$work/err" || true)" \
+    "$(mib "$exit_max")" "$(mib "$budget_bytes")" "$(mib $((max_rss_kib * 1024)))" "$swapped" "$(grep '^built in' "$work/err" || true)" \
     "$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')" "${fail:-PASS}"
 [ -z "$fail" ]
