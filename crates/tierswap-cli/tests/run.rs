@@ -219,8 +219,9 @@ fn threads_share_managed_memory() {
 fn exit_codes_pass_through() {
     let dir = TestDir::new("exit");
     let prog = compile(&dir, "status");
-    for code in [0, 1, 37, 255] {
-        let ran = run_to_end(tierswap_run(&["--budget", "8M"], &prog, &["exit", &code.to_string()]));
+    for (code, strict) in [(0, false), (1, false), (37, false), (255, false), (37, true)] {
+        let flags: &[&str] = if strict { &["--budget", "8M", "--strict"] } else { &["--budget", "8M"] };
+        let ran = run_to_end(tierswap_run(flags, &prog, &["exit", &code.to_string()]));
         assert_eq!(ran.status.code(), Some(code), "{}", ran.describe());
         assert!(ran.stdout.contains("started"), "{}", ran.describe());
     }
