@@ -421,13 +421,35 @@ fn fork_child_sees_the_parent_memory_at_fork() {
     let st = dir.path("stats-%p.json");
     let ran = run_to_end(tierswap_run(&["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &[]));
     assert!(ran.status.success() && ran.stdout.contains("fork ok"), "{}", ran.describe());
-    // The parent and the exec'd child each wrote stats (the forked child manages nothing new
-    // and writes none).
+    // The parent, the exec'd program and /bin/true each wrote stats (a forked child manages
+    // nothing new and writes none).
     let written: Vec<_> = std::fs::read_dir(&dir.0)
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.starts_with("stats-"))
         .collect();
-    assert_eq!(written.len(), 2, "{written:?}");
+    assert_eq!(written.len(), 3, "{written:?}");
+    eprintln!("{}", ran.stdout.trim());
+}
+
+/// fork+exec from a managed program: the exec'd program gets a pager of its own (it writes
+/// its own stats) and checks its own memory; the parent's memory is intact after.
+#[test]
+fn fork_and_exec_work() {
+    let dir = TestDir::new("forkexec");
+    let prog = compile(&dir, "fork");
+    let st = dir.path("stats-%p.json");
+    let ran =
+        run_to_end(tierswap_run(&["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &["exec-only"]));
+    assert!(ran.status.success() && ran.stdout.contains("fork ok"), "{}", ran.describe());
+    let mut pids: Vec<u64> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("stats-"))
+        .map(|n| stats(&dir.path(&n))["shim"]["pid"].as_u64().unwrap())
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    assert_eq!(pids.len(), 3, "the parent, the exec'd program and /bin/true: {pids:?}");
     eprintln!("{}", ran.stdout.trim());
 }
