@@ -9,7 +9,7 @@
 #include <time.h>
 
 static int exec_child(void) {
-    size_t n = 16 * MIB;
+    size_t n = 12 * MIB;
     uint8_t *p = xmalloc(n);
     fill(p, n, 31);
     int bad = check("exec'd program's own memory", p, n, 31);
@@ -99,7 +99,7 @@ exec:
     bad |= check("parent: a at the end", a, n, 25);
     bad |= check("parent: b at the end", b, n, 26);
     if (!bad)
-        printf("fork ok; fork+exec of a 16 MiB child %.1f ms; fork+exec of /bin/true %.1f ms\n",
+        printf("fork ok; fork+exec of a 12 MiB child %.1f ms; fork+exec of /bin/true %.1f ms\n",
                exec_child_ms, (t2.tv_sec - t1.tv_sec) * 1e3 + (t2.tv_nsec - t1.tv_nsec) / 1e6);
     return bad;
 }
