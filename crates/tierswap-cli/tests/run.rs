@@ -392,7 +392,6 @@ fn losing_the_userfaultfd_aborts_naming_tierswap() {
 /// move) keeps the bytes, realloc keeps them, and once everything is unmapped the pager holds
 /// (almost) nothing: slots and pool bytes went with the mappings.
 #[test]
-#[ignore = "needs the engine to follow REMOVE/UNMAP/REMAP events (branch ev)"]
 fn madvise_munmap_mremap_are_followed() {
     let dir = TestDir::new("mapops");
     let prog = compile(&dir, "mapops");
