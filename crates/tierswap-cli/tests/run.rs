@@ -413,7 +413,6 @@ fn madvise_munmap_mremap_are_followed() {
 /// fork: the child sees exactly the parent's memory at the fork while the parent overwrites
 /// it; neither sees the other's writes; fork+exec runs a program with a pager of its own.
 #[test]
-#[ignore = "needs the engine to follow FORK events (branch ev)"]
 fn fork_child_sees_the_parent_memory_at_fork() {
     let dir = TestDir::new("fork");
     let prog = compile(&dir, "fork");
