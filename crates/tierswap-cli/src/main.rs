@@ -212,7 +212,18 @@ fn size(what: &str, s: &str) -> Result<u64, UserError> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version print and exit 0.
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            // One line like every other error here: clap's first line, not its usage block.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("bad arguments");
+            eprintln!("tierswap: {} (see --help)", one_line(first.trim_start_matches("error: ")));
+            return ExitCode::from(2);
+        }
+    };
     let res = match cli.command {
         Command::Bench(b) => bench(b),
         Command::Run(r) => return run::run(r),

@@ -105,7 +105,8 @@ pub fn run(a: RunArgs) -> ExitCode {
 }
 
 fn fail(msg: &str) -> ExitCode {
-    let line: String = msg.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect();
+    let line: String =
+        msg.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect();
     eprintln!("tierswap run: {line}");
     ExitCode::from(2)
 }
@@ -124,20 +125,19 @@ fn prepare(a: &RunArgs) -> Result<std::process::Command, String> {
     let size = |flag: &str, v: &str| parse_size(v).map_err(|e| format!("{flag} '{v}': {e}"));
     let budget_bytes = size("--budget", &a.budget)?;
     let tiers: Tiers = a.tiers.parse().map_err(|e| format!("--tiers '{}': {e}", a.tiers))?;
-    let pool_max_bytes = match &a.pool_max {
-        None => None,
-        Some(p) if p.trim_end().ends_with('%') => {
-            let t = p.trim();
-            let pct: f64 = t[..t.len() - 1]
-                .trim()
-                .parse()
-                .ok()
-                .filter(|v: &f64| (0.0..=100.0).contains(v))
-                .ok_or_else(|| format!("--pool-max '{p}': give bytes like 64M or a percentage from 0% to 100%"))?;
-            Some((budget_bytes as f64 * pct / 100.0) as u64)
-        }
-        Some(p) => Some(size("--pool-max", p)?),
-    };
+    let pool_max_bytes =
+        match &a.pool_max {
+            None => None,
+            Some(p) if p.trim_end().ends_with('%') => {
+                let t = p.trim();
+                let pct: f64 =
+                    t[..t.len() - 1].trim().parse().ok().filter(|v: &f64| (0.0..=100.0).contains(v)).ok_or_else(
+                        || format!("--pool-max '{p}': give bytes like 64M or a percentage from 0% to 100%"),
+                    )?;
+                Some((budget_bytes as f64 * pct / 100.0) as u64)
+            }
+            Some(p) => Some(size("--pool-max", p)?),
+        };
     let min_size = size("--min-size", &a.min_size)?;
     if min_size < 4096 {
         return Err(format!("--min-size '{}': give at least 4K (one page)", a.min_size));
@@ -151,11 +151,19 @@ fn prepare(a: &RunArgs) -> Result<std::process::Command, String> {
             return Err(format!("--swap-dir '{}': not a directory", dir.display()));
         }
     }
-    let cfg = PagerConfig { budget_bytes, tiers, pool_max_bytes, swap_dir: a.swap_dir.clone(), ..PagerConfig::default() };
+    let cfg =
+        PagerConfig { budget_bytes, tiers, pool_max_bytes, swap_dir: a.swap_dir.clone(), ..PagerConfig::default() };
     cfg.validate().map_err(|e| format!("--budget '{}': {e}", a.budget).replace(": budget ", ": "))?;
     let Some((prog, args)) = a.command.split_first() else {
         return Err("no program: give one after --, e.g. tierswap run --budget 512M -- python3 app.py".into());
     };
+    // trailing_var_arg takes an unknown flag for the program: say what it is.
+    if prog.to_string_lossy().starts_with('-') {
+        return Err(format!(
+            "unknown flag '{}': flags go before --, the program after it (see tierswap run --help)",
+            prog.to_string_lossy()
+        ));
+    }
     let so = find_preload()?;
     let mut preload = OsString::from(so.as_os_str());
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
@@ -198,7 +206,9 @@ fn find_preload() -> Result<PathBuf, String> {
         // The loader resolves a relative LD_PRELOAD against the program's working directory.
         return std::path::absolute(&p).map_err(|e| format!("TIERSWAP_PRELOAD '{}': {e}", p.display()));
     }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the tierswap binary to look for {PRELOAD_NAME} beside it: {e}; set TIERSWAP_PRELOAD"))?;
+    let exe = std::env::current_exe().map_err(|e| {
+        format!("cannot find the tierswap binary to look for {PRELOAD_NAME} beside it: {e}; set TIERSWAP_PRELOAD")
+    })?;
     let so = exe.parent().unwrap_or(Path::new("/")).join(PRELOAD_NAME);
     if !so.is_file() {
         return Err(format!(

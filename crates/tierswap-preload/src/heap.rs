@@ -66,8 +66,7 @@ struct Class {
     end: usize,
 }
 
-static CLASSES: [SpinLock<Class>; N_CLASSES] =
-    [const { SpinLock::new(Class { free: 0, bump: 0, end: 0 }) }; N_CLASSES];
+static CLASSES: [SpinLock<Class>; N_CLASSES] = [const { SpinLock::new(Class { free: 0, bump: 0, end: 0 }) }; N_CLASSES];
 
 struct ArenaCursor {
     /// Arena and span the next span comes from.
@@ -377,7 +376,11 @@ mod tests {
             x ^= x << 17;
             if model.len() < 40_000 && (x % 3 != 0 || model.is_empty()) {
                 // Keys crowd a few homes now and then, to make long probe runs.
-                let key = if step % 5 == 0 { (x as usize & 0xff) << 28 | PAGE * (step as usize % 64 + 1) } else { (x as usize & !(PAGE - 1)) | PAGE };
+                let key = if step % 5 == 0 {
+                    (x as usize & 0xff) << 28 | PAGE * (step as usize % 64 + 1)
+                } else {
+                    (x as usize & !(PAGE - 1)) | PAGE
+                };
                 if t.find(key).is_none() {
                     assert!(t.insert(LargeEntry { key, map: key ^ 1, len: step as usize }));
                     model.push(key);

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use libc::{c_int, c_void, off_t, size_t};
 
 use crate::heap::{self, Owner, SMALL_MAX};
-use crate::raw;
+use crate::{fds, raw};
 use crate::{managing, MALLOC_ALL, MALLOC_LARGE, MALLOC_MODE, MIN_SIZE, REALLOC_MREMAP};
 
 const PAGE: usize = 4096;
@@ -31,7 +31,14 @@ fn mmap_is_managed(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd
 
 /// mmap(2), managed when [`mmap_is_managed`].
 #[no_mangle]
-pub extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
+pub extern "C" fn mmap(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
     if mmap_is_managed(addr, len, prot, flags, fd, off) {
         if let Some(p) = crate::map_managed(len) {
             return p as *mut c_void;
@@ -43,7 +50,14 @@ pub extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int
 
 /// mmap64(2): the same as mmap on 64-bit.
 #[no_mangle]
-pub extern "C" fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
+pub extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
     mmap(addr, len, prot, flags, fd, off)
 }
 
@@ -57,7 +71,13 @@ pub extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
 /// mremap(2), passed through: the pager follows (REMAP event). C declares it variadic; the
 /// fifth argument is only read by the kernel with MREMAP_FIXED, when the caller passed it.
 #[no_mangle]
-pub extern "C" fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int, new_addr: *mut c_void) -> *mut c_void {
+pub extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: size_t,
+    new_len: size_t,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
     let new_addr = if flags & libc::MREMAP_FIXED != 0 { new_addr as usize } else { 0 };
     // SAFETY: the program's own mremap call, forwarded unchanged.
     raw::syscall_result(unsafe { raw::mremap(old as usize, old_len, new_len, flags, new_addr) }) as *mut c_void
@@ -81,6 +101,80 @@ pub extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_in
     }
     // SAFETY: the program's own madvise call (or its MADV_FREE made certain).
     raw::syscall_result(unsafe { raw::madvise(addr as usize, len, advice) } as isize) as c_int
+}
+
+// ---- descriptors: the pager's stay open (see crate::fds) ----------------------------
+
+/// close(2), except on the pager's own descriptors (success, nothing closed).
+#[no_mangle]
+pub extern "C" fn close(fd: c_int) -> c_int {
+    if fds::guards(fd) {
+        fds::REFUSED.fetch_add(1, Ordering::Relaxed);
+        return 0;
+    }
+    // SAFETY: glibc's close, on a descriptor the program gives up.
+    unsafe { raw::__close(fd) }
+}
+
+/// The raw close_range system call.
+fn sys_close_range(first: u32, last: u32, flags: u32) -> c_int {
+    // SAFETY: the program's own close_range, on descriptors it gives up.
+    raw::syscall_result(unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) } as isize) as c_int
+}
+
+/// close_range(2), split around the pager's own descriptors. CLOSE_RANGE_CLOEXEC only
+/// marks descriptors close-on-exec, which the pager's are already: passed through whole.
+#[no_mangle]
+pub extern "C" fn close_range(first: u32, last: u32, flags: c_int) -> c_int {
+    let flags = flags as u32;
+    if flags & libc::CLOSE_RANGE_CLOEXEC != 0 || first > last {
+        return sys_close_range(first, last, flags);
+    }
+    let (keep, k) = fds::guarded_in(first, last);
+    // u64: a kept descriptor + 1 never wraps.
+    let mut from = first as u64;
+    for &fd in &keep[..k] {
+        fds::REFUSED.fetch_add(1, Ordering::Relaxed);
+        let fd = fd as u64;
+        if fd > from && sys_close_range(from as u32, (fd - 1) as u32, flags) < 0 {
+            return -1;
+        }
+        from = fd + 1;
+    }
+    if from <= last as u64 {
+        return sys_close_range(from as u32, last, flags);
+    }
+    0
+}
+
+/// closefrom(3): close_range from `low` up.
+#[no_mangle]
+pub extern "C" fn closefrom(low: c_int) {
+    let _ = close_range(low.max(0) as u32, u32::MAX, 0);
+}
+
+/// dup2(2), refused with EBUSY onto the pager's own descriptors.
+#[no_mangle]
+pub extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    if old != new && fds::guards(new) {
+        fds::REFUSED.fetch_add(1, Ordering::Relaxed);
+        raw::set_errno(libc::EBUSY);
+        return -1;
+    }
+    // SAFETY: glibc's dup2, as the program asked.
+    unsafe { raw::__dup2(old, new) }
+}
+
+/// dup3(2), refused with EBUSY onto the pager's own descriptors.
+#[no_mangle]
+pub extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    if old != new && fds::guards(new) {
+        fds::REFUSED.fetch_add(1, Ordering::Relaxed);
+        raw::set_errno(libc::EBUSY);
+        return -1;
+    }
+    // SAFETY: the program's own dup3, as it asked.
+    raw::syscall_result(unsafe { libc::syscall(libc::SYS_dup3, old, new, flags) } as isize) as c_int
 }
 
 // ---- the malloc family ----------------------------------------------------------------

@@ -38,6 +38,7 @@
 //! exec'd program gets a pager of its own, with the same settings.
 #![deny(missing_docs)]
 
+mod fds;
 pub mod heap;
 #[cfg(not(test))]
 mod interpose;
@@ -144,7 +145,8 @@ fn config_from_env() -> Result<(PagerConfig, Settings), String> {
     };
     MALLOC_MODE.store(mode, Ordering::Relaxed);
     REALLOC_MREMAP.store(u8::from(var("TIERSWAP_REALLOC_MREMAP").as_deref() == Some("1")), Ordering::Relaxed);
-    let settings = Settings { log: var("TIERSWAP_LOG").is_some_and(|v| v != "0"), stats_path: var("TIERSWAP_STATS_ON_EXIT") };
+    let settings =
+        Settings { log: var("TIERSWAP_LOG").is_some_and(|v| v != "0"), stats_path: var("TIERSWAP_STATS_ON_EXIT") };
     Ok((cfg, settings))
 }
 
@@ -167,6 +169,8 @@ extern "C" fn init() {
         if cfg.tiers.file { ",file" } else { "" },
         MIN_SIZE.load(Ordering::Relaxed) >> 10
     );
+    // The descriptors the pager and its control socket open are kept open (see fds).
+    let fds_before = fds::open_fds();
     let pager = {
         let _inside = raw::InPager::enter();
         Pager::new(cfg)
@@ -190,8 +194,11 @@ extern "C" fn init() {
         Ok(server) => {
             let _ = CONTROL.set(server);
         }
-        Err(e) => eprintln!("tierswap: no control socket for pid {} (`tierswap stat` cannot see it): {e}", std::process::id()),
+        Err(e) => {
+            eprintln!("tierswap: no control socket for pid {} (`tierswap stat` cannot see it): {e}", std::process::id())
+        }
     }
+    fds::protect_new_since(&fds_before);
     let log = settings.log;
     let _ = SETTINGS.set(settings);
     OWNER_PID.store(std::process::id() as usize, Ordering::Relaxed);
@@ -252,7 +259,8 @@ extern "C" fn fork_child() {
 
 /// At exit: the stats file (`TIERSWAP_STATS_ON_EXIT`, `%p` becomes the pid) and the log line.
 extern "C" fn at_exit() {
-    if OWNER_PID.load(Ordering::Relaxed) != std::process::id() as usize || STATE.load(Ordering::Acquire) != STATE_READY {
+    if OWNER_PID.load(Ordering::Relaxed) != std::process::id() as usize || STATE.load(Ordering::Acquire) != STATE_READY
+    {
         return;
     }
     let (Some(pager), Some(settings)) = (PAGER.get(), SETTINGS.get()) else { return };
@@ -264,6 +272,7 @@ extern "C" fn at_exit() {
         o.insert(
             "shim".into(),
             serde_json::json!({ "arena_bytes": arena_bytes, "large_allocations_live": large_live,
+                "protected_fds": fds::protected(), "fd_calls_refused": fds::REFUSED.load(Ordering::Relaxed),
                 "min_size": MIN_SIZE.load(Ordering::Relaxed), "pid": std::process::id() }),
         );
     }

@@ -6,6 +6,10 @@ use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 extern "C" {
+    /// glibc's close(2) (a cancellation point, like `close`), by its other exported name.
+    pub fn __close(fd: libc::c_int) -> libc::c_int;
+    /// glibc's dup2(2), by its other exported name.
+    pub fn __dup2(old: libc::c_int, new: libc::c_int) -> libc::c_int;
     /// glibc's malloc, under the name interposition cannot take away.
     pub fn __libc_malloc(size: usize) -> *mut libc::c_void;
     /// glibc's free.

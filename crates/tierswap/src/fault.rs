@@ -27,15 +27,15 @@ use crate::uffd::{self, Event};
 /// Per-thread buffers of the fault path.
 pub(crate) struct Scratch {
     /// One page being assembled for UFFDIO_COPY.
-    page: AlignedBuf,
+    pub(crate) page: AlignedBuf,
     /// The pages of a swap-in being assembled for UFFDIO_COPY (up to the largest swap-in).
     range: AlignedBuf,
     /// Per page of the swap-in range: what happens to it.
     plan: Vec<Planned>,
     /// Compressed bytes read from the file.
-    compressed: Vec<u8>,
+    pub(crate) compressed: Vec<u8>,
     /// The last file unit read (pages evicted together come back together).
-    unit: UnitCache,
+    pub(crate) unit: UnitCache,
 }
 
 impl Scratch {
@@ -425,16 +425,14 @@ fn swap_in(
                 if p.keep {
                     s.swap.unlock(slot, p.entry, p.entry);
                 } else {
-                    free_backend(s, p.entry);
-                    s.swap.unlock(slot, p.entry, SwapEntry::FREE);
+                    release_entry(s, slot, p.entry);
                 }
                 r.ptes.unlock(j, pte, new);
                 installed += 1;
             }
             Kind::Failed => {
                 // Poisoned: the page reads as SIGBUS until the program discards it.
-                free_backend(s, p.entry);
-                s.swap.unlock(slot, p.entry, SwapEntry::FREE);
+                release_entry(s, slot, p.entry);
                 r.ptes.unlock(j, pte, Pte::poisoned());
                 installed += 1;
                 from_tag = Some(p.entry.tag());
@@ -833,7 +831,7 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
 
 /// Reads the bytes of locked entry `e` (slot `slot`) into `page`. `Ok(false)` means a zero
 /// page (nothing written to `page`). File records go through the fault thread's unit cache.
-fn read_entry(
+pub(crate) fn read_entry(
     s: &Shared,
     slot: u64,
     e: SwapEntry,
@@ -905,6 +903,12 @@ fn read_entry(
 /// Drops one reference to `slot`; the last one frees the slot and its backend storage.
 pub(crate) fn put_slot(s: &Shared, slot: u64) {
     let e = s.swap.lock(slot);
+    release_entry(s, slot, e);
+}
+
+/// Drops one reference to locked entry `e` of `slot` and unlocks it: a slot shared with a
+/// forked child (count > 1) keeps its bytes for the others.
+pub(crate) fn release_entry(s: &Shared, slot: u64, e: SwapEntry) {
     if e.count() > 1 {
         s.swap.unlock(slot, e, e.with_count(e.count() - 1));
         return;

@@ -443,6 +443,9 @@ impl Shared {
         unsafe {
             let _ = sys::madvise(mirror, len, libc::MADV_NOHUGEPAGE);
             let _ = sys::madvise(mirror, len, libc::MADV_DONTDUMP);
+            // A forked child gets its staged pages copied at the fork event instead:
+            // shared mirror pages would make every UFFDIO_MOVE of them fail (EBUSY).
+            let _ = sys::madvise(mirror, len, libc::MADV_DONTFORK);
         }
         // The same mode as the program's range: UFFDIO_MOVE wants equal protections.
         self.mirror_uffd.register(mirror, len, mode).map_err(|e| undo(e.into()))?;

@@ -135,6 +135,10 @@ counters! {
     event_unmap,
     /// mremap of managed memory by the program (userfaultfd REMAP).
     event_remap,
+    /// fork of a process with managed memory (userfaultfd FORK).
+    event_fork,
+    /// Pages of forked children served from the parent's swap.
+    child_faults,
     /// Faults on registered memory the pager does not manage (the part an mremap grew),
     /// served with a zero page.
     faults_unmanaged,

@@ -334,3 +334,170 @@ fn discards_and_unmaps_race_reclaim_and_faults_without_losing_a_byte() {
     assert_eq!((st.swap_slots, st.present_pages, st.staged_pages), (0, 0, 0), "{st:?}");
     assert!(st.counters.pgsteal > 0, "reclaim ran");
 }
+
+/// `fill_page`'s check without allocating (safe in a forked child of a threaded process).
+fn page_ok(page: &[u8], p: usize, salt: u64) -> bool {
+    match p % 8 {
+        1 => page.iter().all(|&b| b == 0),
+        3 => {
+            let mut x = (p as u64 ^ salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            page.chunks_exact(8).all(|w| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                w == x.to_le_bytes()
+            })
+        }
+        _ => page.chunks_exact(8).enumerate().all(|(i, w)| w == ((p as u64) * 512 + i as u64 + salt).to_le_bytes()),
+    }
+}
+
+fn pipe() -> (i32, i32) {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe(2) writes two fds into our array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    (fds[0], fds[1])
+}
+
+fn read_byte(fd: i32) -> u8 {
+    let mut b = 0u8;
+    // SAFETY: reading one byte into a local.
+    let n = unsafe { libc::read(fd, &mut b as *mut u8 as *mut libc::c_void, 1) };
+    assert_eq!(n, 1, "the child died without answering");
+    b
+}
+
+fn write_byte(fd: i32, b: u8) {
+    // SAFETY: writing one byte from a local.
+    unsafe { libc::write(fd, &b as *const u8 as *const libc::c_void, 1) };
+}
+
+/// Forks; the child checks every page of the mappings in `maps` (base, pages, salt)
+/// against its fork-time content while the parent runs `parent`, and answers 1 if all
+/// matched. Returns the child's answer.
+fn fork_and_check(maps: &[(usize, usize, u64)], parent: impl FnOnce()) -> u8 {
+    let (go_r, go_w) = pipe();
+    let (ans_r, ans_w) = pipe();
+    // SAFETY: the child only reads memory, and writes to a pipe and _exits: no locks, no
+    // allocation.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        write_byte(go_w, 1);
+        let mut ok = 1u8;
+        for &(base, n, salt) in maps {
+            for p in 0..n {
+                if !page_ok(page_at(base, p), p, salt) {
+                    ok = 0;
+                }
+            }
+        }
+        write_byte(ans_w, ok);
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    assert_eq!(read_byte(go_r), 1);
+    parent();
+    let ans = read_byte(ans_r);
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
+    for fd in [go_r, go_w, ans_r, ans_w] {
+        // SAFETY: our own fds.
+        unsafe { libc::close(fd) };
+    }
+    ans
+}
+
+/// Waits (on the pager's own counters, up to 10 s) until `cond` holds.
+fn await_stats(p: &Pager, what: &str, cond: impl Fn(&tierswap::Stats) -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let st = p.stats();
+        if cond(&st) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {st:?}");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn forked_child_sees_fork_time_memory_while_the_parent_rewrites_and_frees_it() {
+    let _g = serial();
+    let p = pager(1 << 30, "zero,pool,file");
+    let n = 512;
+    let base = p.map_detached(n * PAGE, Hint::Random).unwrap() as usize;
+    three_states(&p, base, n, 31);
+    let r = p.region(n * PAGE, Hint::Normal).unwrap();
+    let rbase = r.as_ptr() as usize;
+    fill(rbase, 0..n, 32);
+    p.evict_all();
+    check(base, 0..16, 31);
+    let slots_before = p.stats().swap_slots;
+    for round in 0..3u64 {
+        let ans = fork_and_check(&[(base, n, 31 + 10 * round), (rbase, n, 32 + 10 * round)], || {
+            // The parent rewrites everything, discards some, evicts, while the child reads.
+            fill(base, 0..n, 41 + 10 * round);
+            madvise(rbase, 100..200, libc::MADV_DONTNEED);
+            p.evict_all();
+            check(base, 0..n, 41 + 10 * round);
+            check_zero(rbase, 100..200);
+            fill(rbase, 0..n, 42 + 10 * round);
+            p.evict_all();
+        });
+        assert_eq!(ans, 1, "round {round}: the child saw memory that was not the parent's at fork");
+        check(base, 0..n, 41 + 10 * round);
+        check(rbase, 0..n, 42 + 10 * round);
+        p.evict_all();
+        // The child is gone: only the parent's own pages hold slots, one per swapped page
+        // (clean tracking is off: no kept slots).
+        await_stats(&p, "the child's slots are released", |st| {
+            st.swap_slots == 2 * n as u64 - st.present_pages - st.staged_pages
+        });
+    }
+    let st = p.stats();
+    assert_eq!(st.counters.event_fork, 3);
+    assert!(st.counters.child_faults > 0);
+    assert!(slots_before > 0);
+    drop(r);
+    munmap(base, 0..n);
+    await_stats(&p, "everything freed", |st| st.swap_slots == 0 && st.present_pages == 0 && st.staged_pages == 0);
+}
+
+#[test]
+fn fork_exec_stays_cheap_with_much_swapped() {
+    let _g = serial();
+    let p = pager(1 << 30, "zero,pool");
+    let n = 32768; // 128 MiB swapped
+    let base = p.map_detached(n * PAGE, Hint::Sequential).unwrap() as usize;
+    fill(base, 0..n, 51);
+    p.evict_all();
+    let swapped = p.stats().swap_slots;
+    assert_eq!(swapped, n as u64);
+    let prog = c"/bin/true";
+    let argv = [prog.as_ptr(), std::ptr::null()];
+    let t0 = std::time::Instant::now();
+    // SAFETY: the child only calls execv and _exit (async-signal-safe).
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: a valid NUL-terminated path and argv.
+        unsafe {
+            libc::execv(prog.as_ptr(), argv.as_ptr());
+            libc::_exit(127);
+        }
+    }
+    assert!(pid > 0);
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    let took = t0.elapsed();
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status:#x}");
+    assert_eq!(p.stats().counters.event_fork, 1, "a real fork, not a vfork");
+    eprintln!("fork+exec+wait of /bin/true with {n} swapped pages: {took:?}");
+    await_stats(&p, "the exec'd child's references are dropped", |st| st.swap_slots == n as u64);
+    assert_eq!(p.stats().counters.child_faults, 0, "an exec'd child touches none of our pages");
+    assert!(took < std::time::Duration::from_secs(2), "fork+exec took {took:?}");
+    munmap(base, 0..n);
+}

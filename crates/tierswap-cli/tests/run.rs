@@ -1,0 +1,456 @@
+//! `tierswap run` and `libtierswap_preload.so` against real programs: C programs compiled
+//! by the test (crates/tierswap-preload/tests/c) fill managed memory, well beyond a budget of
+//! a few MiB so pages really go to the pool and the file, and check every byte they get back
+//! (exit 0 only when every byte is right). The counters the shim writes at exit
+//! (`--stats-on-exit`) show the pages did leave memory and come back.
+//!
+//! The shim is the cdylib beside the `tierswap` binary in the target directory:
+//! `cargo test --workspace` builds it; `cargo test -p tierswap-cli` alone does not, and then
+//! these tests say so.
+
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime};
+
+/// A run longer than this is a hang.
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+fn tierswap_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tierswap"))
+}
+
+/// The shim beside the binary, checked to be newer than its sources (a stale shim would test
+/// old code).
+fn preload() -> PathBuf {
+    let so = tierswap_bin().with_file_name("libtierswap_preload.so");
+    let built = std::fs::metadata(&so).and_then(|m| m.modified()).unwrap_or_else(|_| {
+        panic!(
+            "{} is missing: build the shim first (cargo build --release -p tierswap-preload; cargo test --workspace does)",
+            so.display()
+        )
+    });
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tierswap-preload/src");
+    let newest = std::fs::read_dir(&src)
+        .unwrap()
+        .filter_map(|e| e.ok()?.metadata().ok()?.modified().ok())
+        .max()
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    assert!(
+        built >= newest,
+        "{} is older than its sources: rebuild it (cargo build --release -p tierswap-preload)",
+        so.display()
+    );
+    so
+}
+
+/// A private directory (0755 so a test may run its programs as another user), removed at drop.
+struct TestDir(PathBuf);
+
+impl TestDir {
+    fn new(name: &str) -> TestDir {
+        let d = std::env::temp_dir().join(format!("tierswap-run-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        TestDir(d)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Compiles tests/c/NAME.c of the preload crate into `dir`.
+fn compile(dir: &TestDir, name: &str) -> PathBuf {
+    let src_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tierswap-preload/tests/c");
+    let out = dir.path(name);
+    let o = Command::new("cc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-o"])
+        .arg(&out)
+        .arg(src_dir.join(format!("{name}.c")))
+        .output()
+        .expect("run cc (the tests compile C programs: install a C compiler)");
+    assert!(o.status.success(), "cc {name}.c failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+/// What a run gave back.
+struct Ran {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Ran {
+    fn describe(&self) -> String {
+        // A runaway log must not drown the failure: the first and last lines are enough.
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        let err = if lines.len() > 30 {
+            format!(
+                "{}\n[… {} lines …]\n{}",
+                lines[..10].join("\n"),
+                lines.len() - 20,
+                lines[lines.len() - 10..].join("\n")
+            )
+        } else {
+            self.stderr.clone()
+        };
+        format!("status {:?}\nstdout:\n{}\nstderr:\n{err}", self.status, self.stdout)
+    }
+}
+
+/// Runs `cmd` to the end, killing it after [`TIMEOUT`] (a hang fails the test, it does not
+/// hang the suite).
+fn run_to_end(cmd: Command) -> Ran {
+    run_within(cmd, TIMEOUT)
+}
+
+/// [`run_to_end`] with its own limit.
+fn run_within(mut cmd: Command, timeout: Duration) -> Ran {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn");
+    let pid = child.id() as i32;
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if done_rx.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
+            // SAFETY: kill of our own child, not reaped yet (the waiter has not sent).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            return true;
+        }
+        false
+    });
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let err_reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = err.read_to_end(&mut s);
+        s
+    });
+    let mut stdout = Vec::new();
+    let _ = out.read_to_end(&mut stdout);
+    let stderr = err_reader.join().unwrap();
+    let status = child.wait().expect("wait");
+    let _ = done_tx.send(());
+    let timed_out = watchdog.join().unwrap();
+    let ran = Ran {
+        status,
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+    };
+    assert!(!timed_out, "the run hung and was killed after {timeout:?}:\n{}", ran.describe());
+    ran
+}
+
+/// `tierswap run FLAGS -- PROG ARGS` with the shim from the target directory.
+fn tierswap_run(flags: &[&str], prog: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(tierswap_bin());
+    cmd.arg("run").args(flags).arg("--").arg(prog).args(args).env("TIERSWAP_PRELOAD", preload());
+    cmd
+}
+
+/// The counters the shim wrote at exit.
+fn stats(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+        panic!("no stats at {} (the shim writes them at exit when it managed): {e}", path.display())
+    });
+    serde_json::from_str(&text).unwrap()
+}
+
+fn counter(s: &serde_json::Value, name: &str) -> u64 {
+    s["counters"][name].as_u64().unwrap_or_else(|| panic!("no counter {name} in {s}"))
+}
+
+/// Pages went out to the pool and the file and came back, and the footprint kept to the budget.
+fn assert_swapped_both_ways(s: &serde_json::Value, budget_bytes: u64) {
+    let pool_out = counter(s, "zswpout");
+    let file_out = counter(s, "pswpout");
+    let back = counter(s, "zswpin") + counter(s, "pswpin");
+    assert!(
+        pool_out > 1000 && file_out > 1000,
+        "pages must reach the pool and the file: zswpout {pool_out}, pswpout {file_out}"
+    );
+    assert!(back > 1000, "pages must come back from swap: zswpin + pswpin = {back}");
+    // The acceptance bound is 1.05 × budget (scripts/accept-python.sh holds 128 MiB to it); at
+    // the 8–16 MiB budgets here, with other tests' pagers on the same 2 CPUs, reclaim lags by
+    // up to ~6 % (seen: 17.7 MB at 16 MiB). These tests are about bytes: catch gross overshoot.
+    let footprint_max = counter(s, "footprint_max");
+    assert!(
+        footprint_max as f64 <= budget_bytes as f64 * 1.25,
+        "footprint max {footprint_max} above 1.25 × budget {budget_bytes}"
+    );
+}
+
+#[test]
+fn syscalls_read_and_write_swapped_out_memory() {
+    let dir = TestDir::new("syscalls");
+    let prog = compile(&dir, "syscalls");
+    let st = dir.path("stats.json");
+    let ran = run_to_end(tierswap_run(
+        &["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()],
+        &prog,
+        &[dir.0.to_str().unwrap()],
+    ));
+    assert!(ran.status.success() && ran.stdout.contains("syscalls ok"), "{}", ran.describe());
+    assert!(ran.stderr.is_empty(), "a managed run says nothing unless asked (--log): {}", ran.describe());
+    assert_swapped_both_ways(&stats(&st), 8 << 20);
+}
+
+#[test]
+fn threads_share_managed_memory() {
+    let dir = TestDir::new("threads");
+    let prog = compile(&dir, "threads");
+    let st = dir.path("stats.json");
+    let ran = run_to_end(tierswap_run(&["--budget", "16M", "--stats-on-exit", st.to_str().unwrap()], &prog, &["4"]));
+    assert!(ran.status.success() && ran.stdout.contains("threads ok"), "{}", ran.describe());
+    let s = stats(&st);
+    assert_swapped_both_ways(&s, 16 << 20);
+    // The small objects came from the shim's heap (one 1 GiB arena at least).
+    assert!(s["shim"]["arena_bytes"].as_u64().unwrap() >= 1 << 30, "{}", s["shim"]);
+}
+
+#[test]
+fn exit_codes_pass_through() {
+    let dir = TestDir::new("exit");
+    let prog = compile(&dir, "status");
+    for (code, strict) in [(0, false), (1, false), (37, false), (255, false), (37, true)] {
+        let flags: &[&str] = if strict { &["--budget", "8M", "--strict"] } else { &["--budget", "8M"] };
+        let ran = run_to_end(tierswap_run(flags, &prog, &["exit", &code.to_string()]));
+        assert_eq!(ran.status.code(), Some(code), "{}", ran.describe());
+        assert!(ran.stdout.contains("started"), "{}", ran.describe());
+    }
+}
+
+#[test]
+fn signals_pass_through() {
+    let dir = TestDir::new("signals");
+    let prog = compile(&dir, "status");
+    for sig in [libc::SIGSEGV, libc::SIGTERM, libc::SIGKILL] {
+        let ran = run_to_end(tierswap_run(&["--budget", "8M"], &prog, &["kill", &sig.to_string()]));
+        assert_eq!(ran.status.signal(), Some(sig), "{}", ran.describe());
+        // A shell waiting for it sees 128 + the signal, as for the program run directly.
+        let script = format!(
+            "'{}' run --budget 8M -- '{}' kill {sig} >/dev/null 2>&1; echo $?",
+            tierswap_bin().display(),
+            prog.display()
+        );
+        let mut sh = Command::new("sh");
+        sh.args(["-c", &script]).env("TIERSWAP_PRELOAD", preload());
+        let ran = run_to_end(sh);
+        assert_eq!(ran.stdout.trim(), (128 + sig).to_string(), "{}", ran.describe());
+    }
+}
+
+/// Bad flags, a missing program, an unknown flag: one line on stderr, nothing on stdout,
+/// exit 2, and the program never starts.
+#[test]
+fn bad_arguments_are_one_line_and_exit_2() {
+    let dir = TestDir::new("badargs");
+    let marker = dir.path("ran");
+    let prog = dir.path("prog.sh");
+    std::fs::write(&prog, format!("#!/bin/sh\ntouch '{}'\n", marker.display())).unwrap();
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let not_exec = dir.path("data.txt");
+    std::fs::write(&not_exec, "not a program\n").unwrap();
+    let p = prog.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--budget", "12Q", "--", p], "--budget '12Q'"),
+        (vec!["--budget", "1M", "--", p], "below the minimum"),
+        (vec!["--tiers", "zero", "--", p], "nowhere to store"),
+        (vec!["--tiers", "pool,disk", "--", p], "unknown tier 'disk'"),
+        (vec!["--pool-max", "150%", "--", p], "--pool-max"),
+        (vec!["--min-size", "1K", "--", p], "--min-size"),
+        (vec!["--malloc", "some", "--", p], "--malloc 'some'"),
+        (vec!["--swap-dir", "/nonexistent/dir", "--", p], "not a directory"),
+        (vec!["--"], "no program"),
+        (vec![], "no program"),
+        (vec!["--", "/nonexistent/program"], "cannot run '/nonexistent/program': No such file or directory"),
+        (vec!["--", "no-such-program-anywhere"], "cannot run 'no-such-program-anywhere'"),
+        (vec!["--", not_exec.to_str().unwrap()], "Permission denied"),
+        (vec!["--", dir.0.to_str().unwrap()], "Permission denied"),
+        (vec!["--no-such-flag", "--", p], "--no-such-flag"),
+        (vec!["--budget"], "--budget"),
+        (vec!["--strict=yes", "--", p], "--strict"),
+    ];
+    for (args, needle) in cases {
+        let mut cmd = Command::new(tierswap_bin());
+        cmd.arg("run").args(&args).env("TIERSWAP_PRELOAD", preload());
+        let ran = run_to_end(cmd);
+        assert_eq!(ran.status.code(), Some(2), "{args:?}: {}", ran.describe());
+        assert!(ran.stdout.is_empty(), "{args:?}: nothing on stdout: {}", ran.describe());
+        assert_eq!(ran.stderr.lines().count(), 1, "{args:?}: exactly one line: {}", ran.describe());
+        assert!(ran.stderr.starts_with("tierswap"), "{args:?}: {}", ran.describe());
+        assert!(ran.stderr.contains(needle), "{args:?}: expected '{needle}' in: {}", ran.describe());
+        assert!(!marker.exists(), "{args:?}: the program must not run");
+    }
+    // The same program with good flags does run (the cases above failed for their flag).
+    let ran = run_to_end(tierswap_run(&["--budget", "8M"], &prog, &[]));
+    assert!(ran.status.success() && marker.exists(), "{}", ran.describe());
+}
+
+/// As uid 65534 with vm.unprivileged_userfaultfd=0 and /dev/userfaultfd 0600 the pager cannot
+/// start: one warning and the program runs unmanaged (and correctly); --strict: exit 2
+/// before the program's main.
+#[test]
+fn without_userfaultfd_one_warning_or_exit_2_under_strict() {
+    // SAFETY: getuid has no preconditions.
+    assert_eq!(unsafe { libc::getuid() }, 0, "this test drops to uid 65534 and needs root to do so (CI runs as root)");
+    let unprivileged = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    assert_eq!(unprivileged.trim(), "0", "the test needs vm.unprivileged_userfaultfd=0 (the default)");
+    let dir = TestDir::new("nouffd");
+    // Writable for uid 65534: the swap file and the stats could be made, only userfaultfd is missing.
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let prog = compile(&dir, "status");
+    let st = dir.path("stats.json");
+    let as_nobody = |strict: bool| {
+        let mut flags = vec!["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()];
+        if strict {
+            flags.push("--strict");
+        }
+        let mut cmd = tierswap_run(&flags, &prog, &["fill-and-check"]);
+        cmd.uid(65534).gid(65534).env("TMPDIR", &dir.0);
+        run_to_end(cmd)
+    };
+    let ran = as_nobody(false);
+    assert!(ran.status.success() && ran.stdout.contains("status ok"), "{}", ran.describe());
+    assert_eq!(ran.stderr.lines().count(), 1, "one warning: {}", ran.describe());
+    assert!(ran.stderr.starts_with("tierswap: not managing the memory of status"), "{}", ran.describe());
+    assert!(ran.stderr.contains("userfaultfd"), "the warning names the cause: {}", ran.describe());
+    assert!(!st.exists(), "an unmanaged program writes no stats");
+
+    let ran = as_nobody(true);
+    assert_eq!(ran.status.code(), Some(2), "{}", ran.describe());
+    assert!(ran.stdout.is_empty(), "the program's main never ran: {}", ran.describe());
+    assert_eq!(ran.stderr.lines().count(), 1, "one line: {}", ran.describe());
+    assert!(ran.stderr.contains("cannot manage") && ran.stderr.contains("userfaultfd"), "{}", ran.describe());
+    let left: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name() != "status")
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "nothing left in TMPDIR: {left:?}");
+}
+
+/// A program that closes every descriptor it did not open (daemons do) keeps its memory:
+/// the shim keeps the pager's userfaultfd and swap file open.
+#[test]
+fn closing_every_descriptor_keeps_the_memory() {
+    let dir = TestDir::new("closefds");
+    let prog = compile(&dir, "closefds");
+    let st = dir.path("stats.json");
+    let ran = run_to_end(tierswap_run(&["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &["libc"]));
+    assert!(ran.status.success() && ran.stdout.contains("closefds ok"), "{}", ran.describe());
+    assert!(ran.stderr.is_empty(), "{}", ran.describe());
+    let s = stats(&st);
+    assert_swapped_both_ways(&s, 8 << 20);
+    let refused = s["shim"]["fd_calls_refused"].as_u64().unwrap();
+    let protected = s["shim"]["protected_fds"].as_array().unwrap().len() as u64;
+    // Each protected descriptor: once by the close loop, once by close_range, once by closefrom.
+    assert_eq!(refused, 3 * protected, "{}", s["shim"]);
+}
+
+/// A fault thread that cannot go on (here: a seccomp filter, applied to every thread as
+/// sandboxes do, makes read and ioctl on the userfaultfd fail) ends the process with SIGABRT
+/// and a message naming tierswap: the program touching swapped-out memory never hangs and
+/// never reads wrong bytes.
+#[test]
+fn a_fault_thread_that_cannot_serve_aborts_naming_tierswap() {
+    let dir = TestDir::new("seccomp");
+    let prog = compile(&dir, "seccomp");
+    let ran = run_within(tierswap_run(&["--budget", "8M"], &prog, &[]), Duration::from_secs(30));
+    assert_eq!(ran.status.signal(), Some(libc::SIGABRT), "{}", ran.describe());
+    assert!(ran.stderr.contains("tierswap: ") && ran.stderr.contains("aborting"), "{}", ran.describe());
+    assert!(!ran.stderr.contains("MISMATCH") && !ran.stderr.contains("still running"), "{}", ran.describe());
+}
+
+/// A program that closes the pager's userfaultfd behind the shim's back (the raw system
+/// call) leaves the pager unable to serve faults: the process must end with SIGABRT and a
+/// message naming tierswap, not hang and not run on with wrong bytes.
+///
+/// Fails today (hangs, killed after 20 s): the fault threads' poll sees POLLNVAL on the
+/// closed descriptor, treats it as "nothing to read" and spins; the engine must treat
+/// POLLNVAL (and EBADF from read) as fatal. Ignored until the engine does.
+#[test]
+#[ignore = "needs the engine to abort on POLLNVAL/EBADF from its userfaultfd (fault.rs / uffd.rs poll_readable)"]
+fn losing_the_userfaultfd_aborts_naming_tierswap() {
+    let dir = TestDir::new("rawclose");
+    let prog = compile(&dir, "closefds");
+    let ran = run_within(tierswap_run(&["--budget", "8M"], &prog, &["raw"]), Duration::from_secs(20));
+    assert_eq!(ran.status.signal(), Some(libc::SIGABRT), "{}", ran.describe());
+    assert!(ran.stderr.contains("tierswap: "), "{}", ran.describe());
+    assert!(!ran.stderr.contains("MISMATCH"), "{}", ran.describe());
+}
+
+/// madvise(DONTNEED / FREE) reads zeros and the rest keeps its bytes, mremap (grow, shrink,
+/// move) keeps the bytes, realloc keeps them, and once everything is unmapped the pager holds
+/// (almost) nothing: slots and pool bytes went with the mappings.
+#[test]
+fn madvise_munmap_mremap_are_followed() {
+    let dir = TestDir::new("mapops");
+    let prog = compile(&dir, "mapops");
+    let st = dir.path("stats.json");
+    let ran = run_to_end(tierswap_run(&["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &[]));
+    assert!(ran.status.success() && ran.stdout.contains("mapops ok"), "{}", ran.describe());
+    let s = stats(&st);
+    assert_swapped_both_ways(&s, 8 << 20);
+    // Left at exit: stdio's buffer and such in the small-object arena, a few pages.
+    let slots = s["swap_slots"].as_u64().unwrap();
+    let pool_pages = s["pool_stored_pages"].as_u64().unwrap();
+    let present = s["present_pages"].as_u64().unwrap() + s["staged_pages"].as_u64().unwrap();
+    assert!(
+        slots <= 16 && pool_pages <= 16 && present <= 64,
+        "freed memory still held: slots {slots}, pool pages {pool_pages}, present+staged {present}"
+    );
+}
+
+/// fork: the child sees exactly the parent's memory at the fork while the parent overwrites
+/// it; neither sees the other's writes; fork+exec runs a program with a pager of its own.
+#[test]
+fn fork_child_sees_the_parent_memory_at_fork() {
+    let dir = TestDir::new("fork");
+    let prog = compile(&dir, "fork");
+    let st = dir.path("stats-%p.json");
+    let ran = run_to_end(tierswap_run(&["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &[]));
+    assert!(ran.status.success() && ran.stdout.contains("fork ok"), "{}", ran.describe());
+    // The parent, the exec'd program and /bin/true each wrote stats (a forked child manages
+    // nothing new and writes none).
+    let written: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("stats-"))
+        .collect();
+    assert_eq!(written.len(), 3, "{written:?}");
+    eprintln!("{}", ran.stdout.trim());
+}
+
+/// fork+exec from a managed program: the exec'd program gets a pager of its own (it writes
+/// its own stats) and checks its own memory; the parent's memory is intact after.
+#[test]
+fn fork_and_exec_work() {
+    let dir = TestDir::new("forkexec");
+    let prog = compile(&dir, "fork");
+    let st = dir.path("stats-%p.json");
+    let ran =
+        run_to_end(tierswap_run(&["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &["exec-only"]));
+    assert!(ran.status.success() && ran.stdout.contains("fork ok"), "{}", ran.describe());
+    let mut pids: Vec<u64> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("stats-"))
+        .map(|n| stats(&dir.path(&n))["shim"]["pid"].as_u64().unwrap())
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    assert_eq!(pids.len(), 3, "the parent, the exec'd program and /bin/true: {pids:?}");
+    eprintln!("{}", ran.stdout.trim());
+}

@@ -1,0 +1,33 @@
+/* Exit status passthrough. Usage: status exit N | status kill SIGNUM | status fill-and-check.
+ * Fills 16 MiB of managed memory first, so the pager is busy when the program ends. */
+#include "common.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: status exit N | kill SIGNUM | fill-and-check\n");
+        return 2;
+    }
+    printf("started\n");
+    fflush(stdout);
+    size_t n = 16 * MIB;
+    uint8_t *a = xmalloc(n);
+    fill(a, n, 5);
+    int bad = check("a", a, n, 5);
+    if (!strcmp(argv[1], "exit") && argc == 3) exit(bad ? 1 : atoi(argv[2]));
+    if (!strcmp(argv[1], "kill") && argc == 3) {
+        struct rlimit no_core = {0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+        kill(getpid(), atoi(argv[2]));
+        fprintf(stderr, "still alive after kill(self, %s)\n", argv[2]);
+        return 98;
+    }
+    if (!strcmp(argv[1], "fill-and-check")) {
+        if (!bad) printf("status ok\n");
+        return bad;
+    }
+    fprintf(stderr, "status: unknown mode %s\n", argv[1]);
+    return 2;
+}
