@@ -804,7 +804,24 @@ fn read_entry(
             s.counters.pswpin.fetch_add(1, Ordering::Relaxed);
             Ok(true)
         }
-        Tag::Free | Tag::Reserved | Tag::Remote => {
+        Tag::Remote => {
+            let remote = s.remote.as_ref().ok_or_else(|| ReadFail::Corrupt("remote entry without a remote tier".into()))?;
+            let (version, len) = e.addr_len();
+            remote.get(slot, version, len, compressed, &s.counters).map_err(|err| {
+                s.counters.remote_read_failed.fetch_add(1, Ordering::Relaxed);
+                ReadFail::Io(format!("remote tier: {err}"))
+            })?;
+            if len == PAGE_SIZE {
+                page.copy_from_slice(&compressed[..PAGE_SIZE]);
+            } else {
+                decompress(s.config.compressor, &compressed[..len], page).map_err(|err| {
+                    ReadFail::Corrupt(format!("remote object of slot {slot} does not decompress: {err}"))
+                })?;
+            }
+            s.counters.remote_in.fetch_add(1, Ordering::Relaxed);
+            Ok(true)
+        }
+        Tag::Free | Tag::Reserved => {
             Err(ReadFail::Corrupt(format!("slot {slot} is {:?}, not a placed page", e.tag())))
         }
     }
@@ -834,6 +851,13 @@ pub(crate) fn free_backend(s: &Shared, e: SwapEntry) {
             if let Some(f) = &s.file {
                 let (off, len) = e.addr_len();
                 f.free(off, len);
+            }
+        }
+        Tag::Remote => {
+            if let Some(r) = &s.remote {
+                if r.free(e.addr_len().0) {
+                    s.kick_writeback(false);
+                }
             }
         }
         _ => {}

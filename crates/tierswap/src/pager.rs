@@ -57,6 +57,14 @@ pub enum Error {
     /// An operation on a tier this pager was not configured with.
     #[error("this pager has no {0} tier (add it to the tiers)")]
     NoSuchTier(&'static str),
+    /// The remote tier's cluster did not answer at start.
+    #[error("cannot reach the remote tier {seeds}: {source} (start the cluster, or fix the seeds in --tiers remote=redis://HOST:PORT)")]
+    Remote {
+        /// The seeds tried.
+        seeds: String,
+        /// What failed.
+        source: crate::backend::remote::RemoteError,
+    },
 }
 
 /// The pager's `Result`.
@@ -152,6 +160,8 @@ pub(crate) struct Shared {
     pub(crate) swap: SwapSpace,
     pub(crate) pool: Pool,
     pub(crate) file: Option<FileTier>,
+    /// The remote tier (pool writeback goes there first).
+    pub(crate) remote: Option<crate::backend::remote::RemoteTier>,
     pub(crate) counters: Counters,
     pub(crate) present_pages: AtomicI64,
     pub(crate) staged_pages: AtomicI64,
@@ -380,6 +390,13 @@ impl Pager {
         } else {
             None
         };
+        let remote = match &config.remote {
+            Some(rc) => Some(
+                crate::backend::remote::RemoteTier::connect(rc)
+                    .map_err(|source| Error::Remote { seeds: rc.seeds.join(","), source })?,
+            ),
+            None => None,
+        };
         let n_fault = if config.fault_threads == 0 { sys::online_cpus() } else { config.fault_threads };
         let swap =
             SwapSpace::new(DEFAULT_MAX_SLOTS, 1).map_err(io_err("cannot reserve address space for the swap table"))?;
@@ -397,6 +414,7 @@ impl Pager {
             swap,
             pool,
             file,
+            remote,
             counters: Counters::default(),
             present_pages: AtomicI64::new(0),
             staged_pages: AtomicI64::new(0),
@@ -434,7 +452,7 @@ impl Pager {
                 .spawn(move || guarded("the reclaim thread", || crate::reclaim::reclaim_thread(s)))
                 .map_err(io_err("cannot start the reclaim thread"))?,
         );
-        if shared.file.is_some() {
+        if shared.file.is_some() || shared.remote.is_some() {
             let s = shared.clone();
             handles.push(
                 std::thread::Builder::new()
@@ -667,6 +685,8 @@ fn stats_of(s: &Shared) -> Stats {
         file_bytes: s.file.as_ref().map_or(0, |f| f.live_bytes()),
         metadata_bytes: metadata.total(),
         fault_latency_us: s.counters.latency_histogram(),
+        remote_latency_us: s.counters.remote_latency_histogram(),
+        remote_pages: s.swap.count(Tag::Remote),
     }
 }
 
