@@ -629,6 +629,24 @@ impl Pager {
         self.shared.file.as_ref().map(|f| f.file())
     }
 
+    /// Runs one pool writeback step on the calling thread now, regardless of the pool
+    /// limit: the coldest clusters' pool objects go to the remote tier (or the file, as the
+    /// writeback thread would). Returns objects written. For tests and the lab.
+    #[doc(hidden)]
+    pub fn writeback_now(&self) -> usize {
+        match crate::writeback::Writeback::new(self.shared.clone()) {
+            Ok(mut w) => w.writeback(8),
+            Err(_) => 0,
+        }
+    }
+
+    /// Keys the remote store holds for this pager now (SCAN), when it has a remote tier.
+    /// For tests that check cleanup. Not a stable interface.
+    #[doc(hidden)]
+    pub fn remote_keys(&self) -> Option<std::result::Result<usize, crate::backend::remote::RemoteError>> {
+        self.shared.remote.as_ref().map(|r| r.count_keys())
+    }
+
     /// Moves every present page of every region to the inactive list (staging) now, without
     /// evicting any: the next touch of each moves it back. For tests of the inactive list
     /// and fault-around. Returns pages staged.
