@@ -143,6 +143,8 @@ counters! {
     remote_read_failed,
     /// Remote round trips (one per batch per node, one per fault read).
     remote_round_trips,
+    /// Remote pages of a swap-in range served from the range's one prefetch round trip.
+    remote_prefetch_hits,
 }
 
 impl Counters {

@@ -84,6 +84,45 @@ impl RemoteError {
     }
 }
 
+/// Most objects one prefetch fetches (the largest swap-in).
+pub const PREFETCH_MAX: usize = crate::config::MAX_SWAPIN_PAGES as usize;
+/// Bytes per object in a prefetch buffer: the largest record.
+const PREFETCH_STRIDE: usize = record_bytes(PAGE_SIZE);
+
+/// A fault thread's buffer of objects fetched for one swap-in range
+/// ([`RemoteTier::prefetch`]), allocated once, sized for the largest swap-in.
+pub struct RemotePrefetch {
+    n: usize,
+    versions: Vec<u64>,
+    lens: Vec<usize>,
+    got: Vec<Option<usize>>,
+    keys: Vec<[u8; KEY_BYTES]>,
+    key_lens: Vec<usize>,
+    buf: Vec<u8>,
+}
+
+impl RemotePrefetch {
+    /// A buffer for ranges of up to `max_pages` pages (0 when the pager has no remote
+    /// tier: the buffer then takes no memory and prefetches nothing).
+    pub fn new(max_pages: usize) -> RemotePrefetch {
+        let m = max_pages.min(PREFETCH_MAX);
+        RemotePrefetch {
+            n: 0,
+            versions: vec![0; m],
+            lens: vec![0; m],
+            got: vec![None; m],
+            keys: vec![[0u8; KEY_BYTES]; m],
+            key_lens: vec![0; m],
+            buf: vec![0u8; m * PREFETCH_STRIDE],
+        }
+    }
+
+    /// Forgets what it holds.
+    pub fn clear(&mut self) {
+        self.n = 0;
+    }
+}
+
 /// A client and its read buffer, lent to one thread at a time.
 struct Lent {
     client: ClusterClient,
@@ -310,6 +349,69 @@ impl RemoteTier {
         };
         self.give_back(lent);
         res
+    }
+
+    /// Fetches the objects of `wants` (version, payload length) in one pipelined round
+    /// trip per node into `pf`, for a swap-in of a range: the pages' own reads then find
+    /// them there ([`RemoteTier::get_prefetched`]). Best effort: whatever is missing or
+    /// fails here is read (and retried) one by one later. Nothing is opened yet: each page
+    /// is authenticated when its locked swap entry asks for it.
+    pub fn prefetch(&self, wants: &[(u64, usize)], pf: &mut RemotePrefetch, counters: &Counters) {
+        pf.n = 0;
+        let n = wants.len().min(pf.versions.len());
+        if n == 0 {
+            return;
+        }
+        for (i, &(version, len)) in wants[..n].iter().enumerate() {
+            pf.versions[i] = version;
+            pf.lens[i] = len;
+            pf.key_lens[i] = self.key(version, &mut pf.keys[i]);
+        }
+        let mut key_refs: [&[u8]; PREFETCH_MAX] = [&[]; PREFETCH_MAX];
+        for i in 0..n {
+            key_refs[i] = &pf.keys[i][..pf.key_lens[i]];
+        }
+        let Ok(mut lent) = self.lend() else {
+            counters.remote_errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let t0 = Instant::now();
+        let res = lent.client.get_many_into(&key_refs[..n], &mut pf.buf, PREFETCH_STRIDE, &mut pf.got[..n]);
+        let us = t0.elapsed().as_micros() as u64;
+        self.give_back(lent);
+        match res {
+            Ok(()) => {
+                counters.record_remote_latency(us);
+                counters.remote_round_trips.fetch_add(1, Ordering::Relaxed);
+                pf.n = n;
+            }
+            Err(_) => {
+                counters.remote_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Like [`RemoteTier::get`], served from `pf` when it holds this version.
+    pub fn get_prefetched(
+        &self,
+        pf: &RemotePrefetch,
+        slot: u64,
+        version: u64,
+        len: usize,
+        out: &mut [u8],
+        counters: &Counters,
+    ) -> Result<(), RemoteError> {
+        if let Some(i) = pf.versions[..pf.n].iter().position(|&v| v == version) {
+            if pf.lens[i] == len && pf.got[i] == Some(record_bytes(len)) {
+                let rec = &pf.buf[i * PREFETCH_STRIDE..i * PREFETCH_STRIDE + record_bytes(len)];
+                counters.remote_prefetch_hits.fetch_add(1, Ordering::Relaxed);
+                return self
+                    .sealer
+                    .open_record(rec, &Self::place(slot, len, version), out)
+                    .map_err(|source| RemoteError::Corrupt { slot, source });
+            }
+        }
+        self.get(slot, version, len, out, counters)
     }
 
     /// Queues the object of `version` for deletion; returns whether a batch is due (the

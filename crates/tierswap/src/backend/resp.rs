@@ -316,6 +316,10 @@ fn redirect_of(msg: &str) -> Option<Redirect> {
     }
 }
 
+fn node_of_map(map: &[u16], key: &[u8]) -> u16 {
+    map[key_slot(key) as usize]
+}
+
 /// One command of a pipeline: its key decides the node.
 pub struct Cmd<'a> {
     /// The key (also among `args`).
@@ -512,6 +516,90 @@ impl ClusterClient {
             }
         }
         Err(RespError::Down(format!("too many redirections for a key on {target}")))
+    }
+
+    /// GETs `keys` pipelined, one round trip per node, each value into its own `stride`
+    /// bytes of `buf`; `got[i]` says how many bytes key `i` has there (`None`: missing,
+    /// redirected, or longer than `stride`; the caller reads those one by one). Allocates
+    /// nothing once the connections exist.
+    pub fn get_many_into(
+        &mut self,
+        keys: &[&[u8]],
+        buf: &mut [u8],
+        stride: usize,
+        got: &mut [Option<usize>],
+    ) -> Result<(), RespError> {
+        if self.stale {
+            self.refresh()?;
+        }
+        got.iter_mut().for_each(|g| *g = None);
+        // The maps are taken out while connections are borrowed, and put back at the end.
+        let slot_node = std::mem::take(&mut self.slot_node);
+        let nodes = std::mem::take(&mut self.nodes);
+        let res = self.get_many_with(&slot_node, &nodes, keys, buf, stride, got);
+        self.slot_node = slot_node;
+        self.nodes = nodes;
+        if let Err((addr, e)) = res {
+            self.drop_conn(&addr);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn get_many_with(
+        &mut self,
+        slot_node: &[u16],
+        nodes: &[String],
+        keys: &[&[u8]],
+        buf: &mut [u8],
+        stride: usize,
+        got: &mut [Option<usize>],
+    ) -> Result<(), (String, RespError)> {
+        // Nodes in order of first appearance (a range's keys share one or two slots).
+        let mut order = [u16::MAX; 16];
+        let mut n_nodes = 0;
+        for k in keys {
+            let n = node_of_map(slot_node, k);
+            if !order[..n_nodes].contains(&n) {
+                if n_nodes == order.len() {
+                    break;
+                }
+                order[n_nodes] = n;
+                n_nodes += 1;
+            }
+        }
+        let order = &order[..n_nodes];
+        let addr_of = |n: u16| nodes.get(n as usize).map(String::as_str);
+        // Write every node's GETs first…
+        for &node in order {
+            let Some(addr) = addr_of(node) else { continue };
+            let conn = self.conn(addr).map_err(|e| (addr.to_string(), e))?;
+            for k in keys.iter().filter(|k| node_of_map(slot_node, k) == node) {
+                conn.queue(&[b"GET", k]);
+            }
+            conn.flush().map_err(|e| (addr.to_string(), e))?;
+        }
+        // …then read every node's replies.
+        let mut stale = false;
+        for &node in order {
+            let Some(addr) = addr_of(node) else { continue };
+            let conn = self.conn(addr).map_err(|e| (addr.to_string(), e))?;
+            for (i, k) in keys.iter().enumerate() {
+                if node_of_map(slot_node, k) != node {
+                    continue;
+                }
+                let out = &mut buf[i * stride..(i + 1) * stride];
+                match conn.read_bulk_into(out) {
+                    Ok(Ok(n)) => got[i] = n,
+                    Ok(Err(Reply::Error(msg))) if redirect_of(&msg).is_some() => stale = true,
+                    Ok(Err(_)) => {}
+                    Err(RespError::Protocol { what: "value longer than expected", .. }) => {}
+                    Err(e) => return Err((addr.to_string(), e)),
+                }
+            }
+        }
+        self.stale |= stale;
+        Ok(())
     }
 
     /// Runs `cmds` pipelined: every command for one node is written, followed by
