@@ -303,6 +303,13 @@ fn swap_in(
             };
             let slot = p.payload();
             let e = match s.swap.try_lock(slot) {
+                // A remote neighbour comes only from the range's prefetch: it never waits
+                // for a round trip (or retries) of its own.
+                Some(e) if e.tag() == Tag::Remote && !scratch.remote.holds(e.addr_len().0) => {
+                    s.swap.unlock(slot, e, e);
+                    r.ptes.unlock(j, p, p);
+                    continue;
+                }
                 Some(e) if e.tag() == snapshot[k] && e.count() == 1 => e,
                 other => {
                     if let Some(e) = other {

@@ -121,6 +121,11 @@ impl RemotePrefetch {
     pub fn clear(&mut self) {
         self.n = 0;
     }
+
+    /// Whether it holds the object of `version`.
+    pub fn holds(&self, version: u64) -> bool {
+        self.versions[..self.n].iter().zip(&self.got).any(|(&v, g)| v == version && g.is_some())
+    }
 }
 
 /// A client and its read buffer, lent to one thread at a time.
@@ -359,7 +364,7 @@ impl RemoteTier {
     pub fn prefetch(&self, wants: &[(u64, usize)], pf: &mut RemotePrefetch, counters: &Counters) {
         pf.n = 0;
         let n = wants.len().min(pf.versions.len());
-        if n == 0 {
+        if n == 0 || self.is_down() {
             return;
         }
         for (i, &(version, len)) in wants[..n].iter().enumerate() {
@@ -373,6 +378,7 @@ impl RemoteTier {
         }
         let Ok(mut lent) = self.lend() else {
             counters.remote_errors.fetch_add(1, Ordering::Relaxed);
+            self.mark_down();
             return;
         };
         let t0 = Instant::now();
@@ -387,6 +393,7 @@ impl RemoteTier {
             }
             Err(_) => {
                 counters.remote_errors.fetch_add(1, Ordering::Relaxed);
+                self.mark_down();
             }
         }
     }
