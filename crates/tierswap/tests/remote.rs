@@ -79,10 +79,10 @@ impl Drop for Cluster {
 /// Page `pg` of data set `set`: counters for most pages (compressible), noise for every
 /// seventh (incompressible: stored raw), zeros for every fifth when `zeros`.
 fn page_content(set: u64, pg: usize, zeros: bool, buf: &mut [u8]) {
-    if zeros && pg % 5 == 0 {
+    if zeros && pg.is_multiple_of(5) {
         buf.fill(0);
     } else if pg % 7 == 3 {
-        let mut x = (set << 32 | pg as u64) * 0x9e37_79b9_7f4a_7c15 | 1;
+        let mut x = ((set << 32) | pg as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         for w in buf.chunks_exact_mut(8) {
             x ^= x << 13;
             x ^= x >> 7;
@@ -239,7 +239,7 @@ fn a_primary_killed_during_refault_loses_nothing_with_one_replica() {
 
 /// Pages of data set A (with zeros) that never go remote when there is a file tier.
 fn not_remote(pg: usize) -> bool {
-    pg % 5 == 0 || pg % 7 == 3
+    pg.is_multiple_of(5) || pg % 7 == 3
 }
 
 /// The child of [`stopping_the_cluster_keeps_the_program_running_on_pool_and_file`].

@@ -373,8 +373,8 @@ impl RemoteTier {
             pf.key_lens[i] = self.key(version, &mut pf.keys[i]);
         }
         let mut key_refs: [&[u8]; PREFETCH_MAX] = [&[]; PREFETCH_MAX];
-        for i in 0..n {
-            key_refs[i] = &pf.keys[i][..pf.key_lens[i]];
+        for (r, (k, &l)) in key_refs.iter_mut().zip(pf.keys.iter().zip(&pf.key_lens)).take(n) {
+            *r = &k[..l];
         }
         let Ok(mut lent) = self.lend() else {
             counters.remote_errors.fetch_add(1, Ordering::Relaxed);
