@@ -13,7 +13,8 @@
 //! pipelined batch per step ([`crate::backend::remote::RemoteTier::put_batch`]). A batch
 //! that fails (store slow, down, or not durable as configured) leaves its pages in the
 //! pool, the remote is left alone for a second, and the step goes to the file tier if
-//! there is one. Deletes of freed remote objects are sent from here too, in batches.
+//! there is one; so does a step while the pool is half again over its limit (the remote is
+//! too slow to keep up). Deletes of freed remote objects are sent from here too, in batches.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -93,7 +94,11 @@ impl Writeback {
     /// per write. Returns objects written.
     pub(crate) fn writeback(&mut self, n_clusters: usize) -> usize {
         let s = self.s.clone();
-        if s.remote.as_ref().is_some_and(|r| !r.is_down()) {
+        // A remote that cannot keep up (the pool half again over its limit) counts as slow:
+        // with a file tier, this step goes there instead.
+        let pool_max = s.config.pool_max_bytes();
+        let remote_behind = s.file.is_some() && s.pool.total_bytes() > pool_max.saturating_add(pool_max / 2);
+        if !remote_behind && s.remote.as_ref().is_some_and(|r| !r.is_down()) {
             if let Some(n) = self.writeback_remote(n_clusters) {
                 return n;
             }
