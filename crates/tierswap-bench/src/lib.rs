@@ -16,6 +16,7 @@ pub mod plot;
 pub mod progress;
 pub mod redis;
 pub mod report;
+pub mod stress;
 pub mod tierswap_engine;
 pub mod variant;
 pub mod vmstat;

@@ -184,7 +184,7 @@ impl std::str::FromStr for WorkloadKind {
         let s = s.trim();
         WorkloadKind::ALL.into_iter().find(|w| w.name() == s).ok_or_else(|| {
             let names: Vec<_> = WorkloadKind::ALL.iter().map(|w| w.name()).collect();
-            format!("unknown workload '{s}': workloads are {}", names.join(", "))
+            format!("unknown workload '{s}': workloads are {}, or stress (alone)", names.join(", "))
         })
     }
 }

@@ -43,7 +43,9 @@ struct Bench {
     /// Workloads, comma-separated: usama_1g, seq64, seq64_hint, stride64_sparse,
     /// random64_sparse, random64_full, zero, samefill, random, usemem, concurrent, drain,
     /// thrash (3 in-order read passes under the budget), mixed (zero, same-filled,
-    /// compressible and incompressible pages in every 64K block).
+    /// compressible and incompressible pages in every 64K block); or `stress` alone
+    /// (tierswap only: threads, regions, random reads/writes verified against a model, forced
+    /// eviction/staging/drain, optional fault injection; see --duration, --ops, --inject).
     #[arg(long, value_delimiter = ',', conflicts_with = "suite")]
     workload: Vec<String>,
     /// A named set of workloads: `seed` (the reference threads' workloads).
@@ -60,9 +62,9 @@ struct Bench {
     /// Bytes of memory each workload touches.
     #[arg(long, default_value = "1G")]
     size: String,
-    /// Memory budget (a memcg limit for the kernel engines).
-    #[arg(long, default_value = "256M")]
-    budget: String,
+    /// Memory budget (a memcg limit for the kernel engines). Default 256M; 4M for stress.
+    #[arg(long)]
+    budget: Option<String>,
     /// Runs per workload and engine (the table shows medians).
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -128,6 +130,29 @@ struct Bench {
     /// zswap's max_pool_percent while kernel-zswap runs.
     #[arg(long)]
     zswap_max_pool_percent: Option<u32>,
+    /// stress: how long (e.g. 20s, 10m).
+    #[arg(long)]
+    duration: Option<String>,
+    /// stress: ops, comma-separated: read, write, create, destroy, detached, evict, stage,
+    /// drain, dontneed, mremap, munmap; or default, or all.
+    #[arg(long)]
+    ops: Option<String>,
+    /// stress: fault injection spec (KIND:N/D or KIND:DELAY@N/D, comma-separated, seed=N), or
+    /// `all` for every kind at a moderate rate. Needs a build with `--features fault-injection`.
+    #[arg(long)]
+    inject: Option<String>,
+    /// stress: seed of the workers' choices (and of the injection when --inject names none).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// stress: live managed memory the workers keep, in all.
+    #[arg(long)]
+    stress_mem: Option<String>,
+    /// stress: write every engine log line (stderr) to this file too, with seconds since the start.
+    #[arg(long)]
+    engine_log: Option<PathBuf>,
+    /// stress: no progress by a worker for this long is a hang (exit 3).
+    #[arg(long, default_value = "30s")]
+    watchdog: String,
     /// No progress bars.
     #[arg(long, global = true)]
     quiet: bool,
@@ -276,7 +301,26 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         }
         None => {}
     }
+    let stress = b.workload.iter().any(|w| w.trim() == "stress");
+    if stress && (b.workload.len() > 1 || b.suite.is_some()) {
+        return Err(UserError("--workload stress runs alone".into()));
+    }
+    if !stress {
+        for (given, flag) in [
+            (b.duration.is_some(), "--duration"),
+            (b.ops.is_some(), "--ops"),
+            (b.inject.is_some(), "--inject"),
+            (b.seed.is_some(), "--seed"),
+            (b.stress_mem.is_some(), "--stress-mem"),
+            (b.engine_log.is_some(), "--engine-log"),
+        ] {
+            if given {
+                return Err(UserError(format!("{flag} is for --workload stress")));
+            }
+        }
+    }
     let workloads: Vec<WorkloadKind> = match (&b.suite, b.workload.is_empty()) {
+        _ if stress => Vec::new(),
         (Some(s), _) if s == "seed" => WorkloadKind::SEED_SUITE.to_vec(),
         (Some(s), _) => return Err(UserError(format!("unknown suite '{s}': the suite is 'seed'"))),
         (None, true) => {
@@ -286,7 +330,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
     };
     let engines = parse_engines(&b.engine)?;
     let size_bytes = size("--size", &b.size)?;
-    let budget_bytes = size("--budget", &b.budget)?;
+    let budget_bytes = size("--budget", b.budget.as_deref().unwrap_or(if stress { "4M" } else { "256M" }))?;
     if size_bytes < 1 << 20 {
         return Err(UserError(format!("--size {} is too small: give at least 1M", b.size)));
     }
@@ -308,6 +352,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
     let swapin_max_bytes = size("--swapin-max", &b.swapin_max)?;
     let swapin_max_pages = swapin_max_pages(swapin_max_bytes).map_err(|e| UserError(format!("--swapin-max {e}")))?;
     let pool_max_bytes = match &b.pool_max {
+        None if stress => Some(1 << 20),
         None => None,
         Some(p) if p.ends_with('%') => {
             let pct: f64 = p[..p.len() - 1]
@@ -342,6 +387,9 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         ..PagerConfig::default()
     };
     pager.validate()?;
+    if stress {
+        return run_stress(&b, &engines, pager);
+    }
     for e in &engines {
         e.pager(&pager).validate().map_err(|err| UserError(format!("engine '{}': {err}", e.label())))?;
     }
@@ -428,4 +476,54 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `tierswap bench --workload stress`: exit 0 passed, 1 a mismatch or something unaccounted
+/// for, 3 a hang (the watchdog exits from inside the run).
+fn run_stress(b: &Bench, engines: &[tierswap_bench::EngineSpec], pager: PagerConfig) -> Result<ExitCode, UserError> {
+    use tierswap_bench::stress;
+    if engines.iter().any(|e| e.kind != tierswap_bench::EngineKind::Tierswap || e.label() != "tierswap") {
+        return Err(UserError("--workload stress runs on plain tierswap only: leave out --engine".into()));
+    }
+    let duration = stress::parse_duration(b.duration.as_deref().unwrap_or("60s"))?;
+    let watchdog = stress::parse_duration(&b.watchdog).map_err(|e| UserError(format!("--watchdog: {e}")))?;
+    let ops = stress::parse_ops(b.ops.as_deref().unwrap_or("default"))?;
+    let seed = b.seed.unwrap_or(1);
+    let inject = match b.inject.as_deref() {
+        None => None,
+        Some(text) => {
+            if !tierswap::inject::ENABLED {
+                return Err(stress::StressError::NotBuilt.into());
+            }
+            let text = if text.trim() == "all" { stress::INJECT_ALL } else { text };
+            let mut spec: tierswap::inject::Spec =
+                text.parse().map_err(|e: tierswap::inject::InjectError| UserError(format!("--inject: {e}")))?;
+            if !text.contains("seed=") {
+                spec.seed = seed;
+            }
+            Some(spec)
+        }
+    };
+    let threads = if b.threads == 0 { 4 } else { b.threads };
+    let mem_bytes = size("--stress-mem", b.stress_mem.as_deref().unwrap_or("64M"))?;
+    if mem_bytes < 1 << 20 {
+        return Err(UserError("--stress-mem must be at least 1M".into()));
+    }
+    let spec = stress::StressSpec {
+        threads,
+        duration,
+        ops,
+        inject,
+        seed,
+        pager,
+        mem_bytes,
+        watchdog,
+        progress: !b.quiet,
+        json: b.json.clone(),
+        engine_log: b.engine_log.clone(),
+    };
+    let report = stress::run(&spec)?;
+    let text = stress::finish(&report, spec.json.as_ref())?;
+    print!("{text}");
+    Ok(ExitCode::from(report.exit_code()))
 }

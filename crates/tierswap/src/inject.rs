@@ -373,6 +373,11 @@ mod imp {
         }
     }
 
+    pub(super) fn freeze() {
+        from_env();
+        ACTIVE.store(false, Relaxed);
+    }
+
     pub(super) fn delay_of(kind: Kind) -> Duration {
         Duration::from_micros(DELAY_US[kind.idx()].load(Relaxed))
     }
@@ -407,6 +412,13 @@ pub fn install(spec: &Spec) -> Result<(), InjectError> {
 /// Removes every rule (the counters restart at zero).
 pub fn clear() {
     let _ = install(&Spec::new());
+}
+
+/// Stops injecting but keeps the plan's counts for [`report`]: a run's final accounting
+/// compares them with the engine's counters, with nothing more injected meanwhile.
+pub fn freeze() {
+    #[cfg(feature = "fault-injection")]
+    imp::freeze();
 }
 
 /// Calls and injections per kind with a rule since the plan was installed (empty when the

@@ -50,7 +50,8 @@ pub enum PteState {
 ///            0 = none. A present page with a kept slot is write-protected, so a write
 ///            faults and drops the slot before it lands.
 ///          mark: 0 none, 1 staged by readahead and not yet used, 2 active in the
-///            previous aging round (hot once)
+///            previous aging round (hot once), 3 poisoned (present only: the program's
+///            page is a UFFDIO_POISON marker, every touch gets SIGBUS)
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Pte(u64);
@@ -69,6 +70,7 @@ impl Pte {
     pub const MAX_KEPT_SLOT: u64 = (1 << (Self::PAYLOAD_BITS - Self::KEPT_SHIFT)) - 2;
     const MARK_READAHEAD: u64 = 1;
     const MARK_WAS_ACTIVE: u64 = 2;
+    const MARK_POISONED: u64 = 3;
 
     /// The `None` pte (all bits zero, which is what an untouched chunk reads as).
     pub const NONE: Pte = Pte(0);
@@ -127,6 +129,17 @@ impl Pte {
     pub const fn staged_keeping_hotness(self) -> Pte {
         let mark = if self.was_active() { Self::MARK_WAS_ACTIVE } else { 0 };
         Pte::new(PteState::Staged, (self.payload() & !Self::MARK_MASK) | mark)
+    }
+
+    /// A present pte whose page could not be read back and is a poison marker now: it
+    /// keeps giving SIGBUS until the program discards it, and reclaim leaves it alone.
+    pub const fn poisoned() -> Pte {
+        Pte::new(PteState::Present, Self::MARK_POISONED)
+    }
+
+    /// Whether the page is a poison marker (see [`Pte::poisoned`]).
+    pub const fn is_poisoned(self) -> bool {
+        matches!(self.state(), PteState::Present) && self.mark() == Self::MARK_POISONED
     }
 
     /// Whether this is a staged page read ahead and not yet used.
@@ -365,6 +378,13 @@ impl PageTable {
         w.store(new.without_lock().0, Ordering::Release);
     }
 
+    /// Whether chunk `idx_chunk` (ptes `[idx_chunk * 512, +512)`) holds a non-`None` pte.
+    pub fn chunk_in_use(&self, idx_chunk: usize) -> bool {
+        assert!(idx_chunk < self.n_pages.div_ceil(PTES_PER_CHUNK));
+        // SAFETY: idx_chunk < n_chunks, in bounds; see chunk_used.
+        unsafe { &*self.used.add(idx_chunk) }.load(Ordering::Relaxed) != 0
+    }
+
     /// Chunks holding at least one non-`None` pte (each costs one 4 KiB page).
     pub fn chunks_in_use(&self) -> usize {
         (0..self.n_pages.div_ceil(PTES_PER_CHUNK))
@@ -425,6 +445,14 @@ mod tests {
         assert_eq!(staged.without_kept_slot().kept_slot(), None);
         assert!(staged.without_kept_slot().was_active());
         assert_eq!(Pte::present_clean(0).kept_slot(), Some(0));
+        // A poison marker is none of the others, and no other present or staged pte is one.
+        let poisoned = Pte::poisoned();
+        assert!(poisoned.is_poisoned() && poisoned.state() == PteState::Present);
+        assert!(!poisoned.was_active() && !poisoned.is_readahead() && poisoned.kept_slot().is_none());
+        assert!(poisoned.with_active(true).is_poisoned());
+        for p in [Pte::present(), Pte::present().aged_hot(), Pte::staged(), Pte::staged_readahead(), Pte::swapped(3)] {
+            assert!(!p.is_poisoned(), "{p:?}");
+        }
         assert_eq!(Pte::present_clean(Pte::MAX_KEPT_SLOT).kept_slot(), Some(Pte::MAX_KEPT_SLOT));
     }
 

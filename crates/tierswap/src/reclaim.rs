@@ -195,7 +195,7 @@ impl Reclaim {
     }
 
     fn regions(&self) -> Vec<Arc<RegionInner>> {
-        self.s.regions.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.s.all_regions()
     }
 
     /// Moves up to `max_blocks` blocks of present pages to staging. Returns pages moved.
@@ -244,6 +244,10 @@ impl Reclaim {
         for i in start..end {
             // An active page (refaulted from staging) gets one more round: clear the bit.
             let p = r.ptes.load(i);
+            if p.is_poisoned() {
+                // A poison marker holds no data and cannot be moved: nothing to stage.
+                continue;
+            }
             if !force && p.state() == PteState::Present && p.active() && !p.locked() {
                 if let Some(old) = r.ptes.try_lock_in(i, PteState::Present) {
                     r.ptes.unlock(i, old, old.aged_hot());
@@ -254,15 +258,19 @@ impl Reclaim {
                 // Forced eviction waits out a fault in flight: the program may already run
                 // on a page whose pte its fault thread has yet to mark present.
                 let old = r.ptes.lock(i);
-                if old.state() == PteState::Present {
+                if old.state() == PteState::Present && !old.is_poisoned() {
                     locked[i - start] = true;
                     any = true;
                 } else {
                     r.ptes.unlock(i, old, old);
                 }
-            } else if r.ptes.try_lock_in(i, PteState::Present).is_some() {
-                locked[i - start] = true;
-                any = true;
+            } else if let Some(old) = r.ptes.try_lock_in(i, PteState::Present) {
+                if old.is_poisoned() {
+                    r.ptes.unlock(i, old, old);
+                } else {
+                    locked[i - start] = true;
+                    any = true;
+                }
             }
         }
         if !any {
@@ -298,7 +306,7 @@ impl Reclaim {
             // SAFETY: pages [i, to) are locked present pages of the program's range; moving
             // them to the mirror is atomic with respect to the program, which faults on a
             // touch and is served from the mirror once we unlock.
-            let res = unsafe { self.s.uffd.move_pages(r.mirror_addr(i), r.page_addr(i), len, true, false) };
+            let res = unsafe { self.s.mirror_uffd.move_pages(r.mirror_addr(i), r.page_addr(i), len, true, false) };
             let (done, skip) = match res {
                 Ok(bytes) => (bytes / PAGE_SIZE, None),
                 Err(uffd::Error::Busy { done_bytes, .. }) => (done_bytes / PAGE_SIZE, Some(PteState::Present)),

@@ -131,6 +131,15 @@ counters! {
     over_budget_events,
     /// Highest footprint seen by the pager's own sampling.
     footprint_max,
+    /// MADV_DONTNEED / MADV_REMOVE of managed memory by the program (userfaultfd REMOVE).
+    event_remove,
+    /// munmap of managed memory by the program (userfaultfd UNMAP).
+    event_unmap,
+    /// mremap of managed memory by the program (userfaultfd REMAP).
+    event_remap,
+    /// Faults on registered memory the pager does not manage (the part an mremap grew),
+    /// served with a zero page.
+    faults_unmanaged,
     /// Pages written to the remote tier (acknowledged, and durable as configured).
     remote_out,
     /// Pages read back from the remote tier.
