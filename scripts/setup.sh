@@ -10,6 +10,8 @@ command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v mkswap >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)   # the lab's plots
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)   # the remote tier's tests and lab
+command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: missing ${need_apt[*]}; run as root or install them: apt-get install ${need_apt[*]}" >&2

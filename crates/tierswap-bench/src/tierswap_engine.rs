@@ -58,6 +58,7 @@ impl Engine for TierswapEngine {
         };
         let config = PagerConfig { budget_bytes: spec.budget_bytes, ..self.variant.pager(&spec.pager) };
         let config_json = serde_json::to_value(&config).unwrap_or_default();
+        let config_has_remote = config.remote.is_some();
         let pager = Arc::new(Pager::new(config).map_err(|e| fail(e.to_string()))?);
         let mut region =
             pager.region(spec.size_bytes as usize, spec.workload.hint()).map_err(|e| fail(e.to_string()))?;
@@ -134,6 +135,21 @@ impl Engine for TierswapEngine {
             fault_latency_us: after.fault_latency_us.iter().zip(&before.fault_latency_us).map(|(a, b)| a - b).collect(),
             ..Default::default()
         };
+        if config_has_remote {
+            // Round trips of the refault phase alone: what a remote fault waits for.
+            let rtt = tierswap::Stats {
+                fault_latency_us: after
+                    .remote_latency_us
+                    .iter()
+                    .zip(&before.remote_latency_us)
+                    .map(|(a, b)| a - b)
+                    .collect(),
+                ..Default::default()
+            };
+            extra.push(("remote_rtt_p50_us".to_string(), rtt.fault_latency_percentile_us(50.0)));
+            extra.push(("remote_rtt_p99_us".to_string(), rtt.fault_latency_percentile_us(99.0)));
+            extra.push(("remote_pages_at_refault".to_string(), before.remote_pages));
+        }
         let footprint_max = peak.load(Ordering::Relaxed).max(after.counters.footprint_max);
         Ok(RunResult {
             workload: spec.workload.name().into(),

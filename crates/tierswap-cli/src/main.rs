@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use tierswap::{parse_size, Compressor, PagerConfig, SwapinPolicy, Tiers};
+use tierswap::{parse_size, Compressor, PagerConfig, SwapinPolicy};
 use tierswap_bench::variant::{parse_engines, swapin_max_pages};
 use tierswap_bench::{lab, make_engine, report, KernelOptions, RunSpec, WorkloadKind};
 
@@ -77,9 +77,20 @@ struct Bench {
     /// Write one PNG per workload (refault time and µs/page per engine) into this directory.
     #[arg(long)]
     plot: Option<PathBuf>,
-    /// tierswap's tiers, comma-separated from zero, pool, file.
+    /// tierswap's tiers, comma-separated from zero, pool, file, and
+    /// remote=redis://HOST:PORT[,HOST:PORT…] (a Redis/Valkey cluster's seeds; pool writeback
+    /// goes there, with file below it as the fallback when listed).
     #[arg(long, default_value = "zero,pool,file")]
     tiers: String,
+    /// Remote tier: a write is done only once N replicas have it too (WAIT N).
+    #[arg(long, default_value_t = 0)]
+    remote_replicas: u32,
+    /// Remote tier: attempts of a fault to read a page before the thread gets SIGBUS.
+    #[arg(long, default_value_t = tierswap::RemoteConfig::default().fault_tries)]
+    remote_tries: u32,
+    /// Remote tier: timeout of one connect, read, write or WAIT, in milliseconds.
+    #[arg(long, default_value_t = tierswap::RemoteConfig::default().timeout_ms)]
+    remote_timeout_ms: u64,
     /// tierswap's pool compressor: lz4, zstd, zstd:LEVEL.
     #[arg(long, default_value = "lz4")]
     compressor: String,
@@ -337,7 +348,16 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
     if b.runs == 0 {
         return Err(UserError("--runs must be at least 1".into()));
     }
-    let tiers: Tiers = b.tiers.parse()?;
+    let (tiers, remote) = tierswap::parse_tiers(&b.tiers)?;
+    let remote = remote.map(|r| tierswap::RemoteConfig {
+        replicas: b.remote_replicas,
+        fault_tries: b.remote_tries,
+        timeout_ms: b.remote_timeout_ms,
+        ..r
+    });
+    if remote.is_none() && b.remote_replicas > 0 {
+        return Err(UserError("--remote-replicas needs a remote tier: add remote=redis://HOST:PORT to --tiers".into()));
+    }
     let compressor: Compressor = b.compressor.parse()?;
     let swapin_policy: SwapinPolicy = b.policy.parse().map_err(|e| UserError(format!("--policy: {e}")))?;
     let swapin_max_bytes = size("--swapin-max", &b.swapin_max)?;
@@ -374,6 +394,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         workingset: !b.no_workingset,
         keep_clean: !b.no_keep_clean,
         encrypt: !b.no_encrypt,
+        remote,
         ..PagerConfig::default()
     };
     pager.validate()?;

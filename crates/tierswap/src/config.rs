@@ -102,6 +102,86 @@ impl std::str::FromStr for Tiers {
     }
 }
 
+/// The remote tier: a Redis / Valkey cluster holding sealed compressed records
+/// ([`crate::backend::remote`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RemoteConfig {
+    /// Cluster seeds, `host:port` each: any node of the cluster (the slot map is read from them).
+    pub seeds: Vec<String>,
+    /// A write is done once this many replicas have it too (`WAIT`); 0 takes the
+    /// primary's acknowledgement.
+    pub replicas: u32,
+    /// Timeout of one connect, read or write, and of `WAIT`, in milliseconds.
+    pub timeout_ms: u64,
+    /// Time to live of every object, a backstop for pagers that die without deleting
+    /// their keys, in milliseconds. A page remote for longer is lost: keep it long.
+    pub ttl_ms: u64,
+    /// Attempts a fault makes to read a remote page before the thread gets SIGBUS.
+    pub fault_tries: u32,
+    /// Wait before the second attempt, doubled for each further one (capped at 1 s), ms.
+    pub retry_backoff_ms: u64,
+}
+
+impl Default for RemoteConfig {
+    fn default() -> Self {
+        RemoteConfig {
+            seeds: Vec::new(),
+            replicas: 0,
+            timeout_ms: 1000,
+            ttl_ms: 7 * 24 * 3600 * 1000,
+            fault_tries: 3,
+            retry_backoff_ms: 300,
+        }
+    }
+}
+
+/// Parses a `--tiers` list that may name a remote tier:
+/// `zero,pool,remote=redis://host:port[,host:port…][,file]`. Words after `remote=` that
+/// are not tier names are further seeds.
+pub fn parse_tiers(s: &str) -> Result<(Tiers, Option<RemoteConfig>), ConfigError> {
+    let mut rest = Vec::new();
+    let mut remote: Option<RemoteConfig> = None;
+    for word in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        if let Some(url) = word.strip_prefix("remote=") {
+            let seed = url
+                .strip_prefix("redis://")
+                .or_else(|| url.strip_prefix("valkey://"))
+                .ok_or_else(|| ConfigError::Remote(word.to_string()))?;
+            remote = Some(RemoteConfig { seeds: vec![check_seed(seed, word)?], ..RemoteConfig::default() });
+        } else if matches!(word, "zero" | "pool" | "file") {
+            rest.push(word);
+        } else if let Some(r) = remote.as_mut() {
+            let seed = word.strip_prefix("redis://").unwrap_or(word);
+            r.seeds.push(check_seed(seed, word)?);
+        } else {
+            return Err(ConfigError::Tier(word.to_string()));
+        }
+    }
+    let mut tiers = Tiers { zero: false, pool: false, file: false };
+    for w in rest {
+        match w {
+            "zero" => tiers.zero = true,
+            "pool" => tiers.pool = true,
+            _ => tiers.file = true,
+        }
+    }
+    if !tiers.pool && !tiers.file {
+        return Err(ConfigError::NoStorageTier(s.to_string()));
+    }
+    if remote.is_some() && !tiers.pool {
+        return Err(ConfigError::RemoteWithoutPool(s.to_string()));
+    }
+    Ok((tiers, remote))
+}
+
+fn check_seed(seed: &str, word: &str) -> Result<String, ConfigError> {
+    let seed = seed.trim_end_matches('/');
+    match seed.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(seed.to_string()),
+        _ => Err(ConfigError::Remote(word.to_string())),
+    }
+}
+
 /// Everything a [`crate::Pager`] is built from. `Default` serves on one machine with no setup.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PagerConfig {
@@ -142,6 +222,8 @@ pub struct PagerConfig {
     /// before it sleeps (faults come in bursts; waking a sleeping thread on another CPU costs
     /// tens of µs on VMs, DESIGN §9). 0 sleeps at once.
     pub fault_spin_us: u32,
+    /// The remote tier below the pool (pool writeback goes there first), if any.
+    pub remote: Option<RemoteConfig>,
 }
 
 /// How the fault path picks the size of a swap-in.
@@ -186,6 +268,7 @@ impl Default for PagerConfig {
             keep_clean: true,
             encrypt: true,
             fault_spin_us: DEFAULT_FAULT_SPIN_US,
+            remote: None,
         }
     }
 }
@@ -198,7 +281,7 @@ impl PagerConfig {
     pub fn pool_max_bytes(&self) -> u64 {
         match self.pool_max_bytes {
             Some(b) => b.min(self.budget_bytes),
-            None if !self.tiers.file => self.budget_bytes,
+            None if !self.tiers.file && self.remote.is_none() => self.budget_bytes,
             None => self.budget_bytes / 2,
         }
     }
@@ -219,6 +302,17 @@ impl PagerConfig {
         let u = self.file_unit_bytes;
         if !u.is_power_of_two() || !(64 << 10..=4 << 20).contains(&u) {
             return Err(ConfigError::FileUnit(u));
+        }
+        if let Some(r) = &self.remote {
+            if r.seeds.is_empty() {
+                return Err(ConfigError::Remote("remote= with no seed".into()));
+            }
+            if !self.tiers.pool {
+                return Err(ConfigError::RemoteWithoutPool(format!("{:?}", self.tiers)));
+            }
+            if r.fault_tries == 0 || r.timeout_ms == 0 || r.ttl_ms == 0 {
+                return Err(ConfigError::Remote("remote tries, timeout and ttl must be above 0".into()));
+            }
         }
         let m = self.swapin_max_pages;
         if !m.is_power_of_two() || m > MAX_SWAPIN_PAGES {
@@ -255,6 +349,12 @@ pub enum ConfigError {
     /// An unknown swap-in policy.
     #[error("unknown swap-in policy '{0}': use locality, order0 or always")]
     Policy(String),
+    /// A remote tier that does not parse.
+    #[error("remote tier '{0}': give remote=redis://HOST:PORT[,HOST:PORT…] (cluster seeds)")]
+    Remote(String),
+    /// A remote tier without the pool it writes back from.
+    #[error("tiers '{0}': the remote tier takes pool writeback, so it needs pool")]
+    RemoteWithoutPool(String),
     /// An unknown compressor.
     #[error("unknown compressor '{0}': use lz4, zstd or zstd:LEVEL (1-19)")]
     Compressor(String),
@@ -320,6 +420,23 @@ mod tests {
         assert_eq!("zstd:3".parse::<Compressor>(), Ok(Compressor::Zstd { level: 3 }));
         assert!("zstd:99".parse::<Compressor>().is_err());
         assert!("gzip".parse::<Compressor>().is_err());
+    }
+
+    #[test]
+    fn remote_tier_syntax() {
+        let (t, r) = parse_tiers("zero,pool,remote=redis://127.0.0.1:7000,127.0.0.1:7001,file").unwrap();
+        assert_eq!(t, Tiers { zero: true, pool: true, file: true });
+        let r = r.unwrap();
+        assert_eq!(r.seeds, vec!["127.0.0.1:7000".to_string(), "127.0.0.1:7001".to_string()]);
+        let (t, r) = parse_tiers("zero,pool,remote=redis://h:1").unwrap();
+        assert!(!t.file);
+        assert_eq!(r.unwrap().seeds, vec!["h:1".to_string()]);
+        assert_eq!(parse_tiers("zero,pool,file").unwrap(), ("zero,pool,file".parse().unwrap(), None));
+        assert!(matches!(parse_tiers("pool,remote=http://h:1"), Err(ConfigError::Remote(_))));
+        assert!(matches!(parse_tiers("pool,remote=redis://h"), Err(ConfigError::Remote(_))));
+        assert!(matches!(parse_tiers("pool,remote=redis://h:1,bogus"), Err(ConfigError::Remote(_))));
+        assert!(matches!(parse_tiers("file,remote=redis://h:1"), Err(ConfigError::RemoteWithoutPool(_))));
+        assert!(matches!(parse_tiers("pool,h:1"), Err(ConfigError::Tier(_))));
     }
 
     #[test]

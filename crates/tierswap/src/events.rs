@@ -379,7 +379,7 @@ impl Child {
             return Some(Src::Slot(slot));
         }
         let buf = scratch.page.as_mut_slice();
-        let res = crate::fault::read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed);
+        let res = crate::fault::read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed, &scratch.remote);
         s.swap.unlock(slot, e, e);
         match res {
             Ok(true) => Some(self.add_copy(&scratch.page.as_slice()[..PAGE_SIZE])),
@@ -534,7 +534,8 @@ fn serve_child_fault(s: &Shared, child: &mut Child, addr: usize, write: bool, sc
         Some(Src::Slot(slot)) => {
             let e = s.swap.lock(slot);
             let buf = scratch.page.as_mut_slice();
-            let read = crate::fault::read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed);
+            let read =
+                crate::fault::read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed, &scratch.remote);
             s.swap.unlock(slot, e, e);
             match read {
                 Ok(true) => child.uffd.copy(page_addr, &scratch.page.as_slice()[..PAGE_SIZE], false, false),

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use crate::backend::compress::decompress;
 use crate::backend::file::{AlignedBuf, UnitCache};
 use crate::backend::pool::PoolHandle;
+use crate::backend::remote::RemotePrefetch;
 use crate::backend::zero::fill_pattern;
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
 use crate::pager::{Lookup, RegionInner, Shared};
@@ -36,6 +37,8 @@ pub(crate) struct Scratch {
     pub(crate) compressed: Vec<u8>,
     /// The last file unit read (pages evicted together come back together).
     pub(crate) unit: UnitCache,
+    /// Remote objects of the swap-in range, fetched in one round trip per node.
+    pub(crate) remote: RemotePrefetch,
 }
 
 impl Scratch {
@@ -47,6 +50,7 @@ impl Scratch {
             plan: Vec::with_capacity(max_pages),
             compressed: vec![0u8; PAGE_SIZE],
             unit: UnitCache::new(unit_bytes)?,
+            remote: RemotePrefetch::new(max_pages),
         })
     }
 }
@@ -308,12 +312,33 @@ fn swap_in(
             && slot <= Pte::MAX_KEPT_SLOT
             && (tag == Tag::File || (tag == Tag::Pool && pool_roomy))
     };
+    // Remote pages of the range come in one round trip per node, fetched before any entry
+    // is locked; each is opened against its locked entry (slot and version) when read below.
+    scratch.remote.clear();
+    if let Some(remote) = s.remote.as_ref() {
+        let mut wants = [(0u64, 0usize); crate::config::MAX_SWAPIN_PAGES as usize];
+        let mut w = 0;
+        for j in first..end {
+            let slot = if j == idx { old.payload() } else { r.ptes.load(j).payload() };
+            if j != idx && snapshot[j - first] != Tag::Remote {
+                continue;
+            }
+            let e = s.swap.load(slot);
+            if e.tag() == Tag::Remote {
+                wants[w] = e.addr_len();
+                w += 1;
+            }
+        }
+        if w > 1 {
+            remote.prefetch(&wants[..w], &mut scratch.remote, &s.counters);
+        }
+    }
     for j in first..end {
         let k = j - first;
         let (pte, e) = if j == idx {
             (old, s.swap.lock(old.payload()))
         } else {
-            if !snapshot[k].in_memory() && snapshot[k] != Tag::File {
+            if !snapshot[k].in_memory() && snapshot[k] != Tag::File && snapshot[k] != Tag::Remote {
                 continue;
             }
             let Some(p) = r.ptes.try_lock_in(j, PteState::Swapped) else {
@@ -321,6 +346,13 @@ fn swap_in(
             };
             let slot = p.payload();
             let e = match s.swap.try_lock(slot) {
+                // A remote neighbour comes only from the range's prefetch: it never waits
+                // for a round trip (or retries) of its own.
+                Some(e) if e.tag() == Tag::Remote && !scratch.remote.holds(e.addr_len().0) => {
+                    s.swap.unlock(slot, e, e);
+                    r.ptes.unlock(j, p, p);
+                    continue;
+                }
                 Some(e) if e.tag() == snapshot[k] && e.count() == 1 => e,
                 other => {
                     if let Some(e) = other {
@@ -335,7 +367,7 @@ fn swap_in(
         };
         let slot = pte.payload();
         let buf = &mut scratch.range.as_mut_slice()[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
-        let kind = match read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed) {
+        let kind = match read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed, &scratch.remote) {
             Ok(true) => Kind::Data,
             Ok(false) => Kind::Zero,
             Err(fail) if j == idx => {
@@ -569,7 +601,15 @@ fn read_ahead(s: &Shared, r: &RegionInner, from: usize, to: usize, scratch: &mut
         let ok = e.tag() == Tag::File
             && e.count() == 1
             && matches!(
-                read_entry(s, slot, e, scratch.page.as_mut_slice(), &mut scratch.unit, &mut scratch.compressed),
+                read_entry(
+                    s,
+                    slot,
+                    e,
+                    scratch.page.as_mut_slice(),
+                    &mut scratch.unit,
+                    &mut scratch.compressed,
+                    &scratch.remote
+                ),
                 Ok(true)
             )
             && s.mirror_uffd.copy(r.mirror_addr(j), &scratch.page.as_slice()[..PAGE_SIZE], true, false).is_ok();
@@ -838,6 +878,7 @@ pub(crate) fn read_entry(
     page: &mut [u8],
     unit: &mut UnitCache,
     compressed: &mut [u8],
+    remote_pf: &RemotePrefetch,
 ) -> Result<bool, ReadFail> {
     let page = &mut page[..PAGE_SIZE];
     match e.tag() {
@@ -894,7 +935,24 @@ pub(crate) fn read_entry(
             s.counters.pswpin.fetch_add(1, Ordering::Relaxed);
             Ok(true)
         }
-        Tag::Free | Tag::Reserved | Tag::Remote => {
+        Tag::Remote => {
+            let remote = s.remote.as_ref().ok_or_else(|| ReadFail::Corrupt("remote entry without a remote tier".into()))?;
+            let (version, len) = e.addr_len();
+            remote.get_prefetched(remote_pf, slot, version, len, compressed, &s.counters).map_err(|err| {
+                s.counters.remote_read_failed.fetch_add(1, Ordering::Relaxed);
+                ReadFail::Io(format!("remote tier: {err}"))
+            })?;
+            if len == PAGE_SIZE {
+                page.copy_from_slice(&compressed[..PAGE_SIZE]);
+            } else {
+                decompress(s.config.compressor, &compressed[..len], page).map_err(|err| {
+                    ReadFail::Corrupt(format!("remote object of slot {slot} does not decompress: {err}"))
+                })?;
+            }
+            s.counters.remote_in.fetch_add(1, Ordering::Relaxed);
+            Ok(true)
+        }
+        Tag::Free | Tag::Reserved => {
             Err(ReadFail::Corrupt(format!("slot {slot} is {:?}, not a placed page", e.tag())))
         }
     }
@@ -930,6 +988,13 @@ pub(crate) fn free_backend(s: &Shared, e: SwapEntry) {
             if let Some(f) = &s.file {
                 let (off, len) = e.addr_len();
                 f.free(off, len);
+            }
+        }
+        Tag::Remote => {
+            if let Some(r) = &s.remote {
+                if r.free(e.addr_len().0) {
+                    s.kick_writeback(false);
+                }
             }
         }
         _ => {}

@@ -32,6 +32,6 @@ pub mod sys;
 pub mod uffd;
 pub mod writeback;
 
-pub use config::{parse_size, Compressor, Hint, PagerConfig, SwapinPolicy, Tiers};
+pub use config::{parse_size, parse_tiers, Compressor, Hint, PagerConfig, RemoteConfig, SwapinPolicy, Tiers};
 pub use pager::{DrainReport, Error, Pager, Region, Result, Tier};
 pub use stats::Stats;

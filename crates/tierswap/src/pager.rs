@@ -63,6 +63,14 @@ pub enum Error {
     /// An operation on a tier this pager was not configured with.
     #[error("this pager has no {0} tier (add it to the tiers)")]
     NoSuchTier(&'static str),
+    /// The remote tier's cluster did not answer at start.
+    #[error("cannot reach the remote tier {seeds}: {source} (start the cluster, or fix the seeds in --tiers remote=redis://HOST:PORT)")]
+    Remote {
+        /// The seeds tried.
+        seeds: String,
+        /// What failed.
+        source: crate::backend::remote::RemoteError,
+    },
 }
 
 /// The pager's `Result`.
@@ -265,6 +273,8 @@ pub(crate) struct Shared {
     pub(crate) swap: SwapSpace,
     pub(crate) pool: Pool,
     pub(crate) file: Option<FileTier>,
+    /// The remote tier (pool writeback goes there first).
+    pub(crate) remote: Option<crate::backend::remote::RemoteTier>,
     pub(crate) counters: Counters,
     pub(crate) present_pages: AtomicI64,
     pub(crate) staged_pages: AtomicI64,
@@ -602,6 +612,13 @@ impl Pager {
         } else {
             None
         };
+        let remote = match &config.remote {
+            Some(rc) => Some(
+                crate::backend::remote::RemoteTier::connect(rc)
+                    .map_err(|source| Error::Remote { seeds: rc.seeds.join(","), source })?,
+            ),
+            None => None,
+        };
         let n_fault = if config.fault_threads == 0 { sys::online_cpus() } else { config.fault_threads };
         let swap =
             SwapSpace::new(DEFAULT_MAX_SLOTS, 1).map_err(io_err("cannot reserve address space for the swap table"))?;
@@ -621,6 +638,7 @@ impl Pager {
             swap,
             pool,
             file,
+            remote,
             counters: Counters::default(),
             present_pages: AtomicI64::new(0),
             staged_pages: AtomicI64::new(0),
@@ -659,7 +677,7 @@ impl Pager {
                 .spawn(move || guarded("the reclaim thread", || crate::reclaim::reclaim_thread(s)))
                 .map_err(io_err("cannot start the reclaim thread"))?,
         );
-        if shared.file.is_some() {
+        if shared.file.is_some() || shared.remote.is_some() {
             let s = shared.clone();
             handles.push(
                 std::thread::Builder::new()
@@ -777,6 +795,24 @@ impl Pager {
         self.shared.file.as_ref().map(|f| f.file())
     }
 
+    /// Runs one pool writeback step on the calling thread now, regardless of the pool
+    /// limit: the coldest clusters' pool objects go to the remote tier (or the file, as the
+    /// writeback thread would). Returns objects written. For tests and the lab.
+    #[doc(hidden)]
+    pub fn writeback_now(&self) -> usize {
+        match crate::writeback::Writeback::new(self.shared.clone()) {
+            Ok(mut w) => w.writeback(8),
+            Err(_) => 0,
+        }
+    }
+
+    /// Keys the remote store holds for this pager now (SCAN), when it has a remote tier.
+    /// For tests that check cleanup. Not a stable interface.
+    #[doc(hidden)]
+    pub fn remote_keys(&self) -> Option<std::result::Result<usize, crate::backend::remote::RemoteError>> {
+        self.shared.remote.as_ref().map(|r| r.count_keys())
+    }
+
     /// Moves every present page of every region to the inactive list (staging) now, without
     /// evicting any: the next touch of each moves it back. For tests of the inactive list
     /// and fault-around. Returns pages staged.
@@ -833,6 +869,8 @@ fn stats_of(s: &Shared) -> Stats {
         file_bytes: s.file.as_ref().map_or(0, |f| f.live_bytes()),
         metadata_bytes: metadata.total(),
         fault_latency_us: s.counters.latency_histogram(),
+        remote_latency_us: s.counters.remote_latency_histogram(),
+        remote_pages: s.swap.count(Tag::Remote),
     }
 }
 

@@ -166,8 +166,9 @@ impl Reclaim {
                 continue;
             }
             // Nothing left to evict: only writing the pool back can shrink the footprint.
-            let writeback_can = self.s.file.is_some()
-                && !self.s.file_off.load(Ordering::Acquire)
+            let below = (self.s.file.is_some() && !self.s.file_off.load(Ordering::Acquire))
+                || self.s.remote.as_ref().is_some_and(|r| !r.is_down());
+            let writeback_can = below
                 && !self.s.wb_failing.load(Ordering::Acquire)
                 && self.s.pool.stored_objects() > 0;
             if writeback_can {
@@ -184,7 +185,7 @@ impl Reclaim {
                         "tierswap: footprint {} MiB is over the budget of {} MiB and nothing more can be evicted{}; going over budget rather than losing data",
                         fp >> 20,
                         self.s.budget() >> 20,
-                        if self.s.file.is_none() { " (no file tier: add 'file' to the tiers)" } else { "" }
+                        if self.s.file.is_none() && self.s.remote.is_none() { " (no file tier: add 'file' to the tiers)" } else { "" }
                     );
                 }
             }

@@ -19,6 +19,8 @@ macro_rules! counters {
             $( $(#[$doc])* pub $name: AtomicU64, )*
             /// Fault latency histogram, see [`LATENCY_BUCKETS`].
             pub fault_latency_us: [AtomicU64; LATENCY_BUCKETS],
+            /// Remote tier round-trip latency histogram (µs), same buckets.
+            pub remote_latency_us: [AtomicU64; LATENCY_BUCKETS],
         }
 
         /// Event counters at one instant.
@@ -142,6 +144,20 @@ counters! {
     /// Faults on registered memory the pager does not manage (the part an mremap grew),
     /// served with a zero page.
     faults_unmanaged,
+    /// Pages written to the remote tier (acknowledged, and durable as configured).
+    remote_out,
+    /// Pages read back from the remote tier.
+    remote_in,
+    /// Payload bytes (compressed records) written to the remote tier.
+    remote_bytes,
+    /// Remote tier failures: batches not written, reads retried or failed, deletes lost.
+    remote_errors,
+    /// Remote pages whose fault failed after every retry (the thread got SIGBUS).
+    remote_read_failed,
+    /// Remote round trips (one per batch per node, one per fault read).
+    remote_round_trips,
+    /// Remote pages of a swap-in range served from the range's one prefetch round trip.
+    remote_prefetch_hits,
 }
 
 impl Counters {
@@ -154,6 +170,17 @@ impl Counters {
     /// Raises `footprint_max` to `bytes` if it is higher.
     pub fn note_footprint(&self, bytes: u64) {
         self.footprint_max.fetch_max(bytes, Relaxed);
+    }
+
+    /// Adds one remote round trip of `us` microseconds to its histogram.
+    pub fn record_remote_latency(&self, us: u64) {
+        let bucket = (64 - us.leading_zeros() as usize).saturating_sub(1).min(LATENCY_BUCKETS - 1);
+        self.remote_latency_us[bucket].fetch_add(1, Relaxed);
+    }
+
+    /// Remote latency histogram counts per bucket.
+    pub fn remote_latency_histogram(&self) -> Vec<u64> {
+        self.remote_latency_us.iter().map(|b| b.load(Relaxed)).collect()
     }
 
     /// Histogram counts per bucket.
@@ -197,6 +224,12 @@ pub struct Stats {
     pub metadata_bytes: u64,
     /// Fault latency histogram (µs), see [`LATENCY_BUCKETS`].
     pub fault_latency_us: Vec<u64>,
+    /// Remote round-trip latency histogram (µs), see [`LATENCY_BUCKETS`].
+    #[serde(default)]
+    pub remote_latency_us: Vec<u64>,
+    /// Pages in the remote tier.
+    #[serde(default)]
+    pub remote_pages: u64,
 }
 
 impl Stats {

@@ -8,6 +8,13 @@
 //! when the budget is exceeded and nothing else can be evicted. Clusters are taken oldest
 //! first (the age list of the swap space); an entry with its referenced bit gets a second
 //! chance. A page written back is not a refault when it comes back: it was never in use.
+//!
+//! With a remote tier, writeback goes there first: the same coldest objects, sealed, one
+//! pipelined batch per step ([`crate::backend::remote::RemoteTier::put_batch`]). A batch
+//! that fails (store slow, down, or not durable as configured) leaves its pages in the
+//! pool, the remote is left alone for a second, and the step goes to the file tier if
+//! there is one; so does a step while the pool is half again over its limit (the remote is
+//! too slow to keep up). Deletes of freed remote objects are sent from here too, in batches.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -29,6 +36,7 @@ pub(crate) struct Writeback {
     s: Arc<Shared>,
     writer: Option<UnitWriter>,
     warned_write_error: bool,
+    warned_remote_error: bool,
 }
 
 /// The writeback thread's loop.
@@ -38,10 +46,17 @@ pub(crate) fn writeback_thread(s: Arc<Shared>) {
         Err(e) => fatal(&format!("writeback cannot map its write buffer: {e}")),
     };
     let mut active = false;
+    let mut last_delete = std::time::Instant::now();
     loop {
         w.s.wb_kick.wait(Duration::from_millis(10));
         if w.s.shutdown.load(Ordering::Acquire) {
             return;
+        }
+        if let Some(r) = &w.s.remote {
+            if r.deletes_due() || (last_delete.elapsed() > Duration::from_secs(1) && !r.is_down()) {
+                r.flush_deletes(&w.s.counters);
+                last_delete = std::time::Instant::now();
+            }
         }
         let max = w.s.config.pool_max_bytes();
         loop {
@@ -72,13 +87,22 @@ impl Writeback {
             Some(_) => Some(UnitWriter::new(s.config.file_unit_bytes)?),
             None => None,
         };
-        Ok(Writeback { s, writer, warned_write_error: false })
+        Ok(Writeback { s, writer, warned_write_error: false, warned_remote_error: false })
     }
 
     /// Writes back the pool objects of the `n_clusters` coldest clusters to the file, many
     /// per write. Returns objects written.
     pub(crate) fn writeback(&mut self, n_clusters: usize) -> usize {
         let s = self.s.clone();
+        // A remote that cannot keep up (the pool half again over its limit) counts as slow:
+        // with a file tier, this step goes there instead.
+        let pool_max = s.config.pool_max_bytes();
+        let remote_behind = s.file.is_some() && s.pool.total_bytes() > pool_max.saturating_add(pool_max / 2);
+        if !remote_behind && s.remote.as_ref().is_some_and(|r| !r.is_down()) {
+            if let Some(n) = self.writeback_remote(n_clusters) {
+                return n;
+            }
+        }
         if s.file.is_none() {
             return 0;
         }
@@ -155,6 +179,99 @@ impl Writeback {
         }
         self.writer = Some(w);
         written
+    }
+
+    /// Writes the pool objects of the `n_clusters` coldest clusters to the remote tier as
+    /// one batch. Returns objects written, or None when the batch failed (every page stays
+    /// in the pool, its clusters stay cold, and the caller tries the file).
+    fn writeback_remote(&mut self, n_clusters: usize) -> Option<usize> {
+        let s = self.s.clone();
+        let remote = s.remote.as_ref()?;
+        let clusters = s.swap.take_coldest(n_clusters);
+        let mut held: Vec<(u64, SwapEntry)> = Vec::new();
+        let mut requeue = Vec::new();
+        for &cid in &clusters {
+            let mut left_behind = false;
+            for slot in SwapSpace::cluster_slots(cid) {
+                let e = s.swap.load(slot);
+                if e.tag() != Tag::Pool || e.locked() {
+                    left_behind |= e.tag() == Tag::Pool;
+                    continue;
+                }
+                let Some(e) = s.swap.try_lock(slot) else {
+                    left_behind = true;
+                    continue;
+                };
+                if e.tag() != Tag::Pool {
+                    s.swap.unlock(slot, e, e);
+                    continue;
+                }
+                if e.referenced() {
+                    // Second chance.
+                    s.swap.unlock(slot, e, e.with_referenced(false));
+                    left_behind = true;
+                    continue;
+                }
+                if PoolHandle::from_raw(e.addr_len().0).is_none() {
+                    s.swap.unlock(slot, e, e);
+                    continue;
+                }
+                held.push((slot, e));
+            }
+            if left_behind {
+                requeue.push(cid);
+            }
+        }
+        if held.is_empty() {
+            for cid in requeue {
+                s.swap.requeue_cold(cid);
+            }
+            return Some(0);
+        }
+        let items: Vec<(u64, &[u8])> = held
+            .iter()
+            .map(|&(slot, e)| {
+                let (h, len) = e.addr_len();
+                let handle = PoolHandle::from_raw(h).expect("checked above");
+                // SAFETY: the entry is locked, so the object stays allocated until it is
+                // unlocked below, after the batch no longer refers to it.
+                (slot, unsafe { s.pool.object(handle, len) })
+            })
+            .collect();
+        let res = remote.put_batch(&items, &s.counters);
+        drop(items);
+        match res {
+            Ok(versions) => {
+                let n = held.len();
+                for ((slot, e), version) in held.into_iter().zip(versions) {
+                    let (h, len) = e.addr_len();
+                    let new = e.with_place(Tag::Remote, SwapEntry::pool(version, len).location());
+                    s.swap.unlock(slot, e, new);
+                    if let Some(handle) = PoolHandle::from_raw(h) {
+                        s.pool.free(handle, len);
+                    }
+                    s.counters.zswpwb.fetch_add(1, Ordering::Relaxed);
+                }
+                for cid in requeue {
+                    s.swap.requeue_cold(cid);
+                }
+                Some(n)
+            }
+            Err(err) => {
+                if !self.warned_remote_error {
+                    self.warned_remote_error = true;
+                    let next = if s.file.is_some() { "writing back to the file tier" } else { "keeping pages in the pool" };
+                    eprintln!("tierswap: remote writeback failed: {err}; {next} until the remote answers again");
+                }
+                for (slot, e) in held {
+                    s.swap.unlock(slot, e, e);
+                }
+                for &cid in &clusters {
+                    s.swap.requeue_cold(cid);
+                }
+                None
+            }
+        }
     }
 
     /// Writes the unit and moves the held entries (locked, in the pool) to the file; on

@@ -5,6 +5,8 @@
 pub mod compress;
 pub mod file;
 pub mod pool;
+pub mod remote;
+pub mod resp;
 pub mod zero;
 
 /// A backend, as the user names it (`--tiers`, `drain`).
@@ -18,6 +20,6 @@ pub enum Backend {
     Pool,
     /// The disk file.
     File,
-    /// A remote store (later).
+    /// A remote store (a Redis / Valkey cluster).
     Remote,
 }
