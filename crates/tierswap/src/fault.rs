@@ -21,20 +21,21 @@ use crate::pager::{Lookup, RegionInner, Shared};
 use crate::pagetable::{Pte, PteState};
 use crate::policy::admission::range_of;
 use crate::swap::{SwapEntry, Tag};
+use crate::sys;
 use crate::uffd::{self, Event};
 
 /// Per-thread buffers of the fault path.
 pub(crate) struct Scratch {
     /// One page being assembled for UFFDIO_COPY.
-    page: AlignedBuf,
+    pub(crate) page: AlignedBuf,
     /// The pages of a swap-in being assembled for UFFDIO_COPY (up to the largest swap-in).
     range: AlignedBuf,
     /// Per page of the swap-in range: what happens to it.
     plan: Vec<Planned>,
     /// Compressed bytes read from the file.
-    compressed: Vec<u8>,
+    pub(crate) compressed: Vec<u8>,
     /// The last file unit read (pages evicted together come back together).
-    unit: UnitCache,
+    pub(crate) unit: UnitCache,
 }
 
 impl Scratch {
@@ -78,23 +79,38 @@ pub(crate) fn fault_thread(s: Arc<Shared>) {
     let spin = Duration::from_micros(s.config.fault_spin_us as u64);
     // When this thread last served something: it polls without sleeping until `spin` after.
     let mut last_served: Option<Instant> = None;
+    let fds = [s.uffd.as_raw_fd(), s.mirror_uffd.as_raw_fd(), s.stop_fd.as_raw_fd()];
     while !s.shutdown.load(Ordering::Acquire) {
         let spinning = last_served.is_some_and(|t| t.elapsed() < spin);
+        let mut mirror = spinning;
         if !spinning {
-            match s.uffd.poll_readable(200, Some(s.stop_fd.as_raw_fd())) {
-                Ok(r) if r.uffd => {}
+            match uffd::poll_fds(&fds, 200) {
+                Ok(ready) if ready & 0b011 != 0 => mirror = ready & 0b010 != 0,
                 Ok(_) => continue,
                 Err(e) => fatal(&format!("polling the userfaultfd failed: {e}")),
             }
         }
+        if mirror {
+            serve_mirror_faults(&s, &mut events);
+        }
         events.clear();
-        match s.uffd.read_events(&mut events, 64) {
-            Ok(0) if spinning => {
-                std::hint::spin_loop();
-                continue;
+        {
+            // Events are read and handled one reader at a time, in queue order (events.rs).
+            let _ev = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
+            match s.uffd.read_events(&mut events, 64) {
+                Ok(0) if spinning => {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => fatal(&format!("reading the userfaultfd failed: {e}")),
             }
-            Ok(_) => {}
-            Err(e) => fatal(&format!("reading the userfaultfd failed: {e}")),
+            for ev in events.iter_mut() {
+                if !matches!(ev, Event::PageFault { .. }) {
+                    let ev = std::mem::replace(ev, Event::Unknown(0));
+                    crate::events::handle_event(&s, ev);
+                }
+            }
         }
         if !spin.is_zero() && !events.is_empty() {
             last_served = Some(Instant::now());
@@ -104,6 +120,26 @@ pub(crate) fn fault_thread(s: Arc<Shared>) {
                 Event::PageFault { addr, wp: true, .. } => handle_wp_fault(&s, addr),
                 Event::PageFault { addr, write, .. } => handle_fault(&s, addr, write, &mut scratch),
                 _ => {}
+            }
+        }
+    }
+}
+
+/// Serves faults on mirrors: only the pager reads mirrors, and only pages it staged; a
+/// hole there means the page was zero (it read as such before staging).
+fn serve_mirror_faults(s: &Shared, events: &mut Vec<Event>) {
+    events.clear();
+    if s.mirror_uffd.read_events(events, 64).is_err() {
+        return;
+    }
+    for ev in events.drain(..) {
+        if let Event::PageFault { addr, .. } = ev {
+            let page_addr = addr & !(PAGE_SIZE - 1);
+            match s.mirror_uffd.zeropage(page_addr, PAGE_SIZE, false) {
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = s.mirror_uffd.wake(page_addr, PAGE_SIZE);
+                }
             }
         }
     }
@@ -121,14 +157,8 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
     let page_addr = addr & !(PAGE_SIZE - 1);
     let (r, idx) = match s.lookup(page_addr) {
         Lookup::Region(r, idx) => (r, idx),
-        Lookup::Mirror => {
-            // Only the pager reads mirrors, and only pages it staged; a hole here means the
-            // page was zero (it read as such before staging).
-            install_zero(s, page_addr, false, false);
-            return;
-        }
         Lookup::Unknown => {
-            let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+            unknown_fault(s, page_addr, write);
             return;
         }
     };
@@ -140,7 +170,11 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
     let old = r.ptes.lock(idx);
     let new = match old.state() {
         PteState::None => {
-            install_zero(s, page_addr, write, true);
+            if !install_zero(s, page_addr, write, true) {
+                // The range is going away (munmap, mremap): nothing was installed.
+                r.ptes.unlock(idx, old, old);
+                return;
+            }
             s.present_pages.fetch_add(1, Ordering::Relaxed);
             s.counters.faults_first_touch.fetch_add(1, Ordering::Relaxed);
             Pte::present()
@@ -382,16 +416,14 @@ fn swap_in(
                 if p.keep {
                     s.swap.unlock(slot, p.entry, p.entry);
                 } else {
-                    free_backend(s, p.entry);
-                    s.swap.unlock(slot, p.entry, SwapEntry::FREE);
+                    release_entry(s, slot, p.entry);
                 }
                 r.ptes.unlock(j, pte, new);
                 installed += 1;
             }
             Kind::Failed => {
                 // Poisoned: the page reads as SIGBUS until the program discards it.
-                free_backend(s, p.entry);
-                s.swap.unlock(slot, p.entry, SwapEntry::FREE);
+                release_entry(s, slot, p.entry);
                 r.ptes.unlock(j, pte, Pte::present());
                 installed += 1;
                 from_tag = Some(p.entry.tag());
@@ -531,7 +563,7 @@ fn read_ahead(s: &Shared, r: &RegionInner, from: usize, to: usize, scratch: &mut
                 read_entry(s, slot, e, scratch.page.as_mut_slice(), &mut scratch.unit, &mut scratch.compressed),
                 Ok(true)
             )
-            && s.uffd.copy(r.mirror_addr(j), &scratch.page.as_slice()[..PAGE_SIZE], true, false).is_ok();
+            && s.mirror_uffd.copy(r.mirror_addr(j), &scratch.page.as_slice()[..PAGE_SIZE], true, false).is_ok();
         if !ok {
             // A failed read here is left for the page's own fault, which reports it.
             s.swap.unlock(slot, e, e);
@@ -595,14 +627,34 @@ fn wait_for_room(s: &Shared) {
 }
 
 /// Maps a zero page at `addr` (a zeroed copy for writes, saving the write fault after).
-fn install_zero(s: &Shared, addr: usize, write: bool, dontwake: bool) {
+/// Says whether a page is there now.
+fn install_zero(s: &Shared, addr: usize, write: bool, dontwake: bool) -> bool {
     let res = if write {
         static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
         s.uffd.copy(addr, &ZERO_PAGE, dontwake, false)
     } else {
         s.uffd.zeropage(addr, PAGE_SIZE, dontwake)
     };
-    settle_install(s, addr, res);
+    settle_install(s, addr, res)
+}
+
+/// A fault on registered memory the map does not know. Once any event being handled is
+/// done (the event lock), look again: a REMAP may have just created its region. Still
+/// unknown: memory an mremap grew (the kernel reports only the old length), which gets a
+/// zero page and stays unmanaged; or a range going away, where the install fails and the
+/// wake lets the thread see it is gone.
+fn unknown_fault(s: &Shared, page_addr: usize, write: bool) {
+    {
+        let _ev = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
+    }
+    if let Lookup::Region(..) = s.lookup(page_addr) {
+        // Managed now: let the thread fault again and be served as usual.
+        let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+        return;
+    }
+    if install_zero(s, page_addr, write, false) {
+        s.counters.faults_unmanaged.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Handles the outcome of an install: EEXIST means the page is there already (wake the
@@ -619,7 +671,8 @@ fn settle_install(s: &Shared, addr: usize, res: uffd::Result<usize>) -> bool {
             // The address is no longer mapped (region dropped) or the mm is changing; wake
             // whoever waits so that it retries the access.
             let _ = s.uffd.wake(addr, PAGE_SIZE);
-            if !matches!(e, uffd::Error::NoPage { .. } | uffd::Error::Invalid { .. }) {
+            // EAGAIN: an event is queued; the woken thread faults again after it.
+            if !matches!(e, uffd::Error::NoPage { .. } | uffd::Error::Invalid { .. } | uffd::Error::Again { .. }) {
                 eprintln!("tierswap: installing a page at {addr:#x} failed: {e}");
             }
             false
@@ -689,6 +742,7 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
         // offset in the mirror, which only the pager touches, and the program's range there
         // is empty (the program faults on it). Moving them back is what the program expects.
         let res = unsafe { s.uffd.move_pages(r.page_addr(i), r.mirror_addr(i), len, true, false) };
+        let mut stop = false;
         let done_pages = match res {
             Ok(bytes) => bytes / PAGE_SIZE,
             Err(uffd::Error::NoPage { done_bytes, .. }) => {
@@ -706,12 +760,39 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
                 again += 1;
                 done_bytes / PAGE_SIZE
             }
+            Err(uffd::Error::Again { done_bytes, .. })
+                if sys::is_resident(r.mirror_addr(i + done_bytes / PAGE_SIZE)) =>
+            {
+                // The page is there: EAGAIN means an event (REMOVE, UNMAP, REMAP) is queued
+                // on the program's userfaultfd. Leave the rest staged; the woken thread
+                // faults again once the event is handled.
+                let done = done_bytes / PAGE_SIZE;
+                for k in i + done..to {
+                    let old = r.ptes.load(k);
+                    r.ptes.unlock(k, old, old);
+                }
+                stop = true;
+                done
+            }
             Err(uffd::Error::Again { done_bytes, .. }) => {
-                // EAGAIN with no progress, again and again: this kernel's answer for a hole
-                // in the mirror (see tests/uffd_ops.rs). The page read as zeros when staged.
+                // EAGAIN with no progress, again and again, and no page in the mirror: this
+                // kernel's answer for a hole there (see tests/uffd_ops.rs). The page read as
+                // zeros when staged.
                 let at = i + done_bytes / PAGE_SIZE;
                 install_zero(s, r.page_addr(at), false, true);
                 done_bytes / PAGE_SIZE + 1
+            }
+            Err(uffd::Error::Invalid { .. }) | Err(uffd::Error::ProcessGone { .. })
+                if r.dead.load(Ordering::Acquire) || !s.maps(r, r.page_addr(i)) =>
+            {
+                // The program's range is gone (munmap, mremap): the pages stay staged for
+                // the event handler, which frees or moves them.
+                for k in i..to {
+                    let old = r.ptes.load(k);
+                    r.ptes.unlock(k, old, old);
+                }
+                stop = true;
+                0
             }
             Err(e) => fatal(&format!("moving a staged page back to {:#x} failed: {e}", r.page_addr(i))),
         };
@@ -732,13 +813,16 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
         }
         n += done_pages as i64;
         i += done_pages;
+        if stop {
+            break;
+        }
     }
     n
 }
 
 /// Reads the bytes of locked entry `e` (slot `slot`) into `page`. `Ok(false)` means a zero
 /// page (nothing written to `page`). File records go through the fault thread's unit cache.
-fn read_entry(
+pub(crate) fn read_entry(
     s: &Shared,
     slot: u64,
     e: SwapEntry,
@@ -776,19 +860,16 @@ fn read_entry(
         Tag::File => {
             let file = s.file.as_ref().ok_or_else(|| ReadFail::Corrupt("file entry without a file tier".into()))?;
             let (off, len) = e.addr_len();
-            let hit =
-                file.read_cached(off, len, slot, unit, compressed).map_err(
-                    |err| match err {
-                        crate::backend::file::FileError::Corrupt { .. } => {
-                            s.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
-                            ReadFail::Corrupt(err.to_string())
-                        }
-                        _ => {
-                            s.counters.read_errors.fetch_add(1, Ordering::Relaxed);
-                            ReadFail::Io(err.to_string())
-                        }
-                    },
-                )?;
+            let hit = file.read_cached(off, len, slot, unit, compressed).map_err(|err| match err {
+                crate::backend::file::FileError::Corrupt { .. } => {
+                    s.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                    ReadFail::Corrupt(err.to_string())
+                }
+                _ => {
+                    s.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                    ReadFail::Io(err.to_string())
+                }
+            })?;
             if hit {
                 s.counters.file_unit_hits.fetch_add(1, Ordering::Relaxed);
             } else {
@@ -813,6 +894,12 @@ fn read_entry(
 /// Drops one reference to `slot`; the last one frees the slot and its backend storage.
 pub(crate) fn put_slot(s: &Shared, slot: u64) {
     let e = s.swap.lock(slot);
+    release_entry(s, slot, e);
+}
+
+/// Drops one reference to locked entry `e` of `slot` and unlocks it: a slot shared with a
+/// forked child (count > 1) keeps its bytes for the others.
+pub(crate) fn release_entry(s: &Shared, slot: u64, e: SwapEntry) {
     if e.count() > 1 {
         s.swap.unlock(slot, e, e.with_count(e.count() - 1));
         return;

@@ -6,6 +6,7 @@
 //!
 //! Layers, top to bottom (each knows only the one below it):
 //! - [`pager`]: regions, the fault threads ([`fault`]) and the reclaim thread ([`reclaim`]);
+//!   the program's own madvise / munmap / mremap of managed memory in [`events`];
 //! - [`pagetable`]: one [`pagetable::Pte`] word per 4 KiB page of a region;
 //! - [`swap`]: the virtual swap space: slots in clusters of 512, one
 //!   [`swap::SwapEntry`] word per slot saying which backend holds the bytes;
@@ -17,6 +18,7 @@
 pub mod backend;
 pub mod config;
 pub mod control;
+pub mod events;
 pub mod fault;
 pub mod inject;
 pub mod page;

@@ -4,13 +4,19 @@
 //! Each region is mapped twice: the program's range, and a mirror of the same length that
 //! only the pager touches (the staging area). Deactivating a page moves it, with
 //! UFFDIO_MOVE, to the same offset in the mirror: one atomic page-table change, no copy; a
-//! touch then faults and the page is moved back. Both ranges are registered with the one
-//! userfaultfd, as UFFDIO_MOVE requires of its destination.
+//! touch then faults and the page is moved back. UFFDIO_MOVE wants its destination
+//! registered with the userfaultfd the ioctl goes through, so there are two: program ranges
+//! on `uffd` (with REMOVE / UNMAP / REMAP events, see [`crate::events`]), mirrors on
+//! `mirror_uffd` (no events: the pager's own MADV_DONTNEED of staged pages raises none).
+//! Program → mirror moves go through `mirror_uffd`, mirror → program through `uffd`.
+//!
+//! Program ranges are found by address in a [`RegionMap`]: live extents ordered by start
+//! (the shim may create thousands of mappings; a partial munmap splits an extent).
 //!
 //! Lock order: a pte lock, then a swap entry lock. Reclaim only try-locks ptes, so it never
 //! waits on a fault thread; writeback takes entry locks only.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
@@ -92,6 +98,13 @@ pub(crate) struct RegionInner {
     pub(crate) locality: Locality,
     /// Registered for write-protect faults: pages may come back clean, keeping their slot.
     pub(crate) clean_tracking: bool,
+    /// Owned by the program (munmap tears it down), not by a [`Region`] handle.
+    #[allow(dead_code)]
+    pub(crate) detached: bool,
+    /// Live extents of the program's range in the [`RegionMap`] (map lock held to change).
+    pub(crate) extents: AtomicUsize,
+    /// Torn down: its mirror is gone and nothing may touch it any more.
+    pub(crate) gone: AtomicBool,
 }
 
 impl RegionInner {
@@ -112,10 +125,105 @@ impl RegionInner {
 pub(crate) enum Lookup {
     /// In a region's program range, at this page.
     Region(Arc<RegionInner>, usize),
-    /// In a region's mirror (only the pager touches mirrors).
-    Mirror,
     /// Nowhere we manage (a region already gone).
     Unknown,
+}
+
+/// The live program ranges, by address and by region id.
+///
+/// An extent is a run of a region's program range that is still mapped: a region starts
+/// as one extent; a partial munmap shrinks or splits it; a region whose last extent goes
+/// is torn down. Extents never overlap, so the one holding an address is the last one
+/// starting at or below it.
+#[derive(Default)]
+pub(crate) struct RegionMap {
+    /// First byte → (end byte, region).
+    extents: BTreeMap<usize, (usize, Arc<RegionInner>)>,
+    pub(crate) by_id: HashMap<u64, Arc<RegionInner>>,
+}
+
+/// A piece of a region cut out of the map: pages `[lo, hi)` of `region`.
+pub(crate) struct Piece {
+    pub(crate) region: Arc<RegionInner>,
+    pub(crate) lo: usize,
+    pub(crate) hi: usize,
+}
+
+impl RegionMap {
+    /// The region whose live extent holds `addr`.
+    pub(crate) fn find(&self, addr: usize) -> Option<Arc<RegionInner>> {
+        let (_, (end, r)) = self.extents.range(..=addr).next_back()?;
+        (addr < *end).then(|| r.clone())
+    }
+
+    /// Adds a region as one extent covering its whole program range.
+    pub(crate) fn insert(&mut self, r: Arc<RegionInner>) {
+        self.insert_extent(r.start, r.start + r.len_bytes(), &r);
+        self.by_id.insert(r.id, r);
+    }
+
+    fn insert_extent(&mut self, start: usize, end: usize, r: &Arc<RegionInner>) {
+        r.extents.fetch_add(1, Ordering::Relaxed);
+        self.extents.insert(start, (end, r.clone()));
+    }
+
+    /// Cuts `[start, end)` out of every extent it overlaps; returns the pieces cut, in
+    /// address order, and drops regions left without an extent from `by_id` (the caller
+    /// tears those down: `piece.region.extents` is 0).
+    pub(crate) fn cut(&mut self, start: usize, end: usize) -> Vec<Piece> {
+        let mut hit = Vec::new();
+        for (&s, &(e, ref r)) in self.extents.range(..end).rev() {
+            if e <= start {
+                break;
+            }
+            hit.push((s, e, r.clone()));
+        }
+        hit.reverse();
+        let mut pieces = Vec::with_capacity(hit.len());
+        for (s, e, r) in hit {
+            self.extents.remove(&s);
+            r.extents.fetch_sub(1, Ordering::Relaxed);
+            if s < start {
+                self.insert_extent(s, start, &r);
+            }
+            if e > end {
+                self.insert_extent(end, e, &r);
+            }
+            let (cs, ce) = (s.max(start), e.min(end));
+            pieces.push(Piece { lo: (cs - r.start) / PAGE_SIZE, hi: (ce - r.start) / PAGE_SIZE, region: r.clone() });
+            if r.extents.load(Ordering::Relaxed) == 0 {
+                self.by_id.remove(&r.id);
+            }
+        }
+        pieces
+    }
+
+    /// The pieces of live extents overlapping `[start, end)`, in address order (the map
+    /// unchanged).
+    pub(crate) fn overlapping(&self, start: usize, end: usize) -> Vec<Piece> {
+        let mut pieces: Vec<Piece> = self
+            .extents
+            .range(..end)
+            .rev()
+            .take_while(|(_, (e, _))| *e > start)
+            .map(|(&s, &(e, ref r))| Piece {
+                lo: (s.max(start) - r.start) / PAGE_SIZE,
+                hi: (e.min(end) - r.start) / PAGE_SIZE,
+                region: r.clone(),
+            })
+            .collect();
+        pieces.reverse();
+        pieces
+    }
+
+    /// The live extents of region `id`, as (first byte, end byte).
+    pub(crate) fn extents_of(&self, r: &RegionInner) -> Vec<(usize, usize)> {
+        self.extents
+            .range(r.start..r.start + r.len_bytes())
+            .filter(|(_, (_, x))| x.id == r.id)
+            .map(|(&s, &(e, _))| (s, e))
+            .collect()
+    }
 }
 
 /// A background thread's wake-up: a flag set by whoever wants it to look now.
@@ -146,9 +254,14 @@ impl Kick {
 
 /// The state every pager thread shares.
 pub(crate) struct Shared {
+    /// The program ranges' userfaultfd: faults and REMOVE / UNMAP / REMAP events.
     pub(crate) uffd: Uffd,
+    /// The mirrors' userfaultfd: destination of program → mirror moves, no events.
+    pub(crate) mirror_uffd: Uffd,
+    /// Held while reading `uffd` and handling the events read (see [`crate::events`]).
+    pub(crate) event_lock: Mutex<()>,
     pub(crate) config: PagerConfig,
-    pub(crate) regions: RwLock<Vec<Arc<RegionInner>>>,
+    pub(crate) regions: RwLock<RegionMap>,
     pub(crate) swap: SwapSpace,
     pub(crate) pool: Pool,
     pub(crate) file: Option<FileTier>,
@@ -186,6 +299,8 @@ pub(crate) struct Shared {
     /// Writers of file units hold it shared (reclaim and writeback write at once); drain
     /// takes it exclusively to wait out the writes in flight.
     pub(crate) file_gate: RwLock<()>,
+    /// A detached mapping was handed out: the threads live until the process exits.
+    pub(crate) keepalive: AtomicBool,
 }
 
 impl Shared {
@@ -236,20 +351,125 @@ impl Shared {
     }
 
     pub(crate) fn lookup(&self, addr: usize) -> Lookup {
-        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
-        for r in regions.iter() {
-            if addr >= r.start && addr < r.start + r.len_bytes() {
-                return Lookup::Region(r.clone(), (addr - r.start) / PAGE_SIZE);
+        match self.regions.read().unwrap_or_else(|e| e.into_inner()).find(addr) {
+            Some(r) => {
+                let idx = (addr - r.start) / PAGE_SIZE;
+                Lookup::Region(r, idx)
             }
-            if addr >= r.mirror && addr < r.mirror + r.len_bytes() {
-                return Lookup::Mirror;
-            }
+            None => Lookup::Unknown,
         }
-        Lookup::Unknown
     }
 
     pub(crate) fn region_by_id(&self, id: u64) -> Option<Arc<RegionInner>> {
-        self.regions.read().unwrap_or_else(|e| e.into_inner()).iter().find(|r| r.id == id).cloned()
+        self.regions.read().unwrap_or_else(|e| e.into_inner()).by_id.get(&id).cloned()
+    }
+
+    /// Waits until the userfaultfd events read so far are handled. The kernel lets the
+    /// program's madvise / munmap / mremap return once its event is read, and the reader
+    /// holds the event lock until it has handled it.
+    pub(crate) fn sync_events(&self) {
+        drop(self.event_lock.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// Whether `addr` is in a live extent of `r`.
+    pub(crate) fn maps(&self, r: &RegionInner, addr: usize) -> bool {
+        matches!(self.lookup(addr), Lookup::Region(x, _) if x.id == r.id)
+    }
+
+    /// Every live region (a snapshot).
+    pub(crate) fn all_regions(&self) -> Vec<Arc<RegionInner>> {
+        self.regions.read().unwrap_or_else(|e| e.into_inner()).by_id.values().cloned().collect()
+    }
+
+    /// Maps a program range and its mirror, registers both and enters the region in the map.
+    pub(crate) fn map_region(&self, len_bytes: usize, hint: Hint, detached: bool) -> Result<Arc<RegionInner>> {
+        if len_bytes == 0 || len_bytes > MAX_REGION_BYTES {
+            return Err(Error::RegionSize { len_bytes });
+        }
+        let n_pages = pages_for(len_bytes);
+        let len = pages_to_bytes(n_pages);
+        let start = sys::mmap_reserve(len).map_err(io_err(format!("cannot map a region of {len} bytes")))?;
+        let undo = |e: Error| {
+            // SAFETY: the mapping is ours and unused.
+            unsafe {
+                let _ = sys::munmap(start, len);
+            }
+            e
+        };
+        // SAFETY: our fresh mapping; NOHUGEPAGE keeps it at 4 KiB pages (MOVE of a huge
+        // page would split it anyway).
+        let _ = unsafe { sys::madvise(start, len, libc::MADV_NOHUGEPAGE) };
+        // Write-protect faults let pages come back clean (keeping their slot); a kernel
+        // that refuses WP on this memory still gets everything else.
+        let mut mode = RegisterMode { missing: true, wp: self.config.keep_clean, minor: false };
+        if mode.wp && self.uffd.register(start, len, mode).is_err() {
+            mode.wp = false;
+        }
+        if !mode.wp {
+            self.uffd.register(start, len, mode).map_err(|e| undo(e.into()))?;
+        }
+        let r = self.new_region_at(start, n_pages, hint, mode, detached).map_err(|e| {
+            let _ = self.uffd.unregister(start, len);
+            undo(e)
+        })?;
+        // The kernel may hand out an address the program unmapped a moment ago, whose
+        // UNMAP event a fault thread read (letting munmap return) but is still handling:
+        // enter the new region only after that, or the old event would cut it.
+        let _ev = self.event_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.regions.write().unwrap_or_else(|e| e.into_inner()).insert(r.clone());
+        Ok(r)
+    }
+
+    /// A region over the program range at `start` (mapped and registered already), with a
+    /// fresh mirror registered in the same `mode`. Not entered in the map.
+    pub(crate) fn new_region_at(
+        &self,
+        start: usize,
+        n_pages: usize,
+        hint: Hint,
+        mode: RegisterMode,
+        detached: bool,
+    ) -> Result<Arc<RegionInner>> {
+        let len = pages_to_bytes(n_pages);
+        let mirror = sys::mmap_reserve(len).map_err(io_err("cannot map the region's staging mirror"))?;
+        let undo = |e: Error| {
+            // SAFETY: the mirror is ours and unused.
+            unsafe {
+                let _ = sys::munmap(mirror, len);
+            }
+            e
+        };
+        // SAFETY: our fresh mapping: 4 KiB pages, and out of core dumps.
+        unsafe {
+            let _ = sys::madvise(mirror, len, libc::MADV_NOHUGEPAGE);
+            let _ = sys::madvise(mirror, len, libc::MADV_DONTDUMP);
+            // A forked child gets its staged pages copied at the fork event instead:
+            // shared mirror pages would make every UFFDIO_MOVE of them fail (EBUSY).
+            let _ = sys::madvise(mirror, len, libc::MADV_DONTFORK);
+        }
+        // The same mode as the program's range: UFFDIO_MOVE wants equal protections.
+        self.mirror_uffd.register(mirror, len, mode).map_err(|e| undo(e.into()))?;
+        let ptes = PageTable::new(n_pages).map_err(|e| {
+            let _ = self.mirror_uffd.unregister(mirror, len);
+            undo(io_err("cannot reserve the region's page table")(e))
+        })?;
+        Ok(Arc::new(RegionInner {
+            id: self.next_region_id.fetch_add(1, Ordering::Relaxed),
+            start,
+            mirror,
+            n_pages,
+            hint,
+            ptes,
+            clock_block: AtomicUsize::new(0),
+            dead: AtomicBool::new(false),
+            reclaim_lock: Mutex::new(()),
+            ra: Readahead::default(),
+            locality: Locality::default(),
+            clean_tracking: mode.wp,
+            detached,
+            extents: AtomicUsize::new(0),
+            gone: AtomicBool::new(false),
+        }))
     }
 
     /// Recomputes the metadata gauge (reclaim calls this now and then).
@@ -258,7 +478,8 @@ impl Shared {
             .regions
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .iter()
+            .by_id
+            .values()
             .map(|r| (r.ptes.chunks_in_use() * PAGE_SIZE) as u64)
             .sum();
         let m = MetadataBreakdown {
@@ -368,7 +589,8 @@ impl Pager {
     /// Starts a pager: opens the userfaultfd, starts the fault and reclaim threads.
     pub fn new(config: PagerConfig) -> Result<Pager> {
         config.validate()?;
-        let uffd = Uffd::new(uffd::features::MOVE, true)?;
+        let uffd = Uffd::new(crate::events::PROGRAM_FEATURES, true)?;
+        let mirror_uffd = Uffd::new(uffd::features::MOVE, true)?;
         let pool = Pool::new((config.budget_bytes as usize).saturating_mul(8).max(4 << 30))
             .map_err(io_err("cannot reserve address space for the compressed pool"))?;
         let file = if config.tiers.file {
@@ -392,8 +614,10 @@ impl Pager {
         let stop_fd = unsafe { OwnedFd::from_raw_fd(efd) };
         let shared = Arc::new(Shared {
             uffd,
+            mirror_uffd,
+            event_lock: Mutex::new(()),
             config,
-            regions: RwLock::new(Vec::new()),
+            regions: RwLock::new(RegionMap::default()),
             swap,
             pool,
             file,
@@ -416,6 +640,7 @@ impl Pager {
             wb_failing: AtomicBool::new(false),
             file_off: AtomicBool::new(false),
             file_gate: RwLock::new(()),
+            keepalive: AtomicBool::new(false),
         });
         shared.refresh_metadata();
         let mut handles = Vec::new();
@@ -449,85 +674,23 @@ impl Pager {
 
     /// Maps `len_bytes` (rounded up to pages) of anonymous memory managed by this pager.
     pub fn region(&self, len_bytes: usize, hint: Hint) -> Result<Region> {
-        if len_bytes == 0 || len_bytes > MAX_REGION_BYTES {
-            return Err(Error::RegionSize { len_bytes });
-        }
-        let n_pages = pages_for(len_bytes);
-        let len = pages_to_bytes(n_pages);
-        let start = sys::mmap_reserve(len).map_err(io_err(format!("cannot map a region of {len} bytes")))?;
-        let mirror = match sys::mmap_reserve(len) {
-            Ok(m) => m,
-            Err(e) => {
-                // SAFETY: just mapped, nobody refers to it.
-                let _ = unsafe { sys::munmap(start, len) };
-                return Err(io_err("cannot map the region's staging mirror")(e));
-            }
-        };
-        let undo = |e: Error| {
-            // SAFETY: both mappings are ours and unused.
-            unsafe {
-                let _ = sys::munmap(start, len);
-                let _ = sys::munmap(mirror, len);
-            }
-            e
-        };
-        for addr in [start, mirror] {
-            // SAFETY: our fresh mappings; NOHUGEPAGE keeps them at 4 KiB pages (MOVE of a
-            // huge page would split it anyway), DONTDUMP keeps the mirror out of core dumps.
-            unsafe {
-                let _ = sys::madvise(addr, len, libc::MADV_NOHUGEPAGE);
-            }
-        }
-        // SAFETY: as above.
-        let _ = unsafe { sys::madvise(mirror, len, libc::MADV_DONTDUMP) };
-        // Both ranges get the same mode: UFFDIO_MOVE wants equal protections on both sides.
-        // Write-protect faults let pages come back clean (keeping their slot); a kernel
-        // that refuses WP on this memory still gets everything else.
-        let mut mode = RegisterMode { missing: true, wp: self.shared.config.keep_clean, minor: false };
-        if mode.wp && self.shared.uffd.register(start, len, mode).is_err() {
-            mode.wp = false;
-        }
-        if !mode.wp {
-            self.shared.uffd.register(start, len, mode).map_err(|e| undo(e.into()))?;
-        }
-        if let Err(e) = self.shared.uffd.register(mirror, len, mode) {
-            let _ = self.shared.uffd.unregister(start, len);
-            return Err(undo(e.into()));
-        }
-        let ptes = PageTable::new(n_pages).map_err(|e| {
-            let _ = self.shared.uffd.unregister(start, len);
-            let _ = self.shared.uffd.unregister(mirror, len);
-            undo(io_err("cannot reserve the region's page table")(e))
-        })?;
-        let inner = Arc::new(RegionInner {
-            id: self.shared.next_region_id.fetch_add(1, Ordering::Relaxed),
-            start,
-            mirror,
-            n_pages,
-            hint,
-            ptes,
-            clock_block: AtomicUsize::new(0),
-            dead: AtomicBool::new(false),
-            reclaim_lock: Mutex::new(()),
-            ra: Readahead::default(),
-            locality: Locality::default(),
-            clean_tracking: mode.wp,
-        });
-        self.shared.regions.write().unwrap_or_else(|e| e.into_inner()).push(inner.clone());
+        let inner = self.shared.map_region(len_bytes, hint, false)?;
         Ok(Region { inner, shared: self.shared.clone(), _threads: self.threads.clone() })
     }
 
     /// Maps `len_bytes` (rounded up to pages) of managed memory that the *program* owns, as
     /// if it came from mmap: the program frees it with munmap, moves or resizes it with
-    /// mremap and empties it with madvise(MADV_DONTNEED / MADV_FREE), and the pager follows
-    /// (userfaultfd REMOVE / UNMAP / REMAP events). For the LD_PRELOAD shim.
+    /// mremap and empties it with madvise(MADV_DONTNEED), and the pager follows (userfaultfd
+    /// REMOVE / UNMAP / REMAP events, see [`crate::events`]). For the LD_PRELOAD shim.
     ///
-    /// Placeholder until the events land: the region stays registered until the pager ends.
+    /// A pager that handed out a detached mapping keeps its threads until the process
+    /// exits: the mapping's pages may be swapped out, and only they can bring them back.
     pub fn map_detached(&self, len_bytes: usize, hint: Hint) -> Result<*mut u8> {
-        let r = self.region(len_bytes, hint)?;
-        let p = r.as_ptr();
-        std::mem::forget(r);
-        Ok(p)
+        let inner = self.shared.map_region(len_bytes, hint, true)?;
+        if !self.shared.keepalive.swap(true, Ordering::AcqRel) {
+            std::mem::forget(self.threads.clone());
+        }
+        Ok(inner.start as *mut u8)
     }
 
     /// The managed mapping holding `addr`, as (first byte, length in bytes).
@@ -543,13 +706,16 @@ impl Pager {
         &self.shared.config
     }
 
-    /// Counters and gauges now.
+    /// Counters and gauges now, including what the program's own madvise / munmap /
+    /// mremap calls that returned already did.
     pub fn stats(&self) -> Stats {
+        self.shared.sync_events();
         stats_of(&self.shared)
     }
 
     /// Engine metadata now, by kind.
     pub fn metadata(&self) -> MetadataBreakdown {
+        self.shared.sync_events();
         self.shared.refresh_metadata()
     }
 
@@ -733,6 +899,7 @@ impl Region {
 
     /// The pages of this region in each state: (present, staged, swapped).
     pub fn page_states(&self) -> (usize, usize, usize) {
+        self.shared.sync_events();
         let (mut p, mut st, mut sw) = (0, 0, 0);
         for i in 0..self.inner.n_pages {
             match self.inner.ptes.load(i).state() {
@@ -750,35 +917,26 @@ impl Drop for Region {
     fn drop(&mut self) {
         let r = &self.inner;
         let s = &self.shared;
-        r.dead.store(true, Ordering::SeqCst);
-        s.regions.write().unwrap_or_else(|e| e.into_inner()).retain(|x| x.id != r.id);
-        // Wait for reclaim to finish anything it started on this region.
-        let _guard = r.reclaim_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let (mut present, mut staged) = (0i64, 0i64);
-        for i in 0..r.n_pages {
-            let old = r.ptes.lock(i);
-            match old.state() {
-                PteState::Present => present += 1,
-                PteState::Staged => staged += 1,
-                PteState::Swapped => crate::fault::put_slot(s, old.payload()),
-                PteState::None => {}
+        // Under the event lock: no event handler is cutting this region meanwhile.
+        let _ev = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let extents = {
+            let mut map = s.regions.write().unwrap_or_else(|e| e.into_inner());
+            let extents = map.extents_of(r);
+            for &(a, b) in &extents {
+                map.cut(a, b);
             }
-            if let Some(kept) = old.kept_slot() {
-                crate::fault::put_slot(s, kept);
+            extents
+        };
+        for (a, b) in extents {
+            // Unregistered first, so the munmap raises no UNMAP event.
+            let _ = s.uffd.unregister(a, b - a);
+            // SAFETY: a live extent of the region's program range (not unmapped or moved
+            // away by the program, which would have cut it from the map); the program gave
+            // it up by dropping the Region.
+            unsafe {
+                let _ = sys::munmap(a, b - a);
             }
-            r.ptes.unlock(i, old, crate::pagetable::Pte::NONE);
         }
-        s.present_pages.fetch_sub(present, Ordering::Relaxed);
-        s.staged_pages.fetch_sub(staged, Ordering::Relaxed);
-        let len = r.len_bytes();
-        let _ = s.uffd.unregister(r.start, len);
-        let _ = s.uffd.unregister(r.mirror, len);
-        // SAFETY: the region is out of the lookup list, reclaim is done with it, every pte
-        // is None; the program gave the range up by dropping the Region.
-        unsafe {
-            let _ = sys::munmap(r.start, len);
-            let _ = sys::munmap(r.mirror, len);
-        }
-        s.refresh_metadata();
+        crate::events::teardown(s, r);
     }
 }

@@ -365,6 +365,13 @@ impl PageTable {
         w.store(new.without_lock().0, Ordering::Release);
     }
 
+    /// Whether chunk `idx_chunk` (ptes `[idx_chunk * 512, +512)`) holds a non-`None` pte.
+    pub fn chunk_in_use(&self, idx_chunk: usize) -> bool {
+        assert!(idx_chunk < self.n_pages.div_ceil(PTES_PER_CHUNK));
+        // SAFETY: idx_chunk < n_chunks, in bounds; see chunk_used.
+        unsafe { &*self.used.add(idx_chunk) }.load(Ordering::Relaxed) != 0
+    }
+
     /// Chunks holding at least one non-`None` pte (each costs one 4 KiB page).
     pub fn chunks_in_use(&self) -> usize {
         (0..self.n_pages.div_ceil(PTES_PER_CHUNK))

@@ -194,7 +194,7 @@ impl Reclaim {
     }
 
     fn regions(&self) -> Vec<Arc<RegionInner>> {
-        self.s.regions.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.s.all_regions()
     }
 
     /// Moves up to `max_blocks` blocks of present pages to staging. Returns pages moved.
@@ -297,7 +297,7 @@ impl Reclaim {
             // SAFETY: pages [i, to) are locked present pages of the program's range; moving
             // them to the mirror is atomic with respect to the program, which faults on a
             // touch and is served from the mirror once we unlock.
-            let res = unsafe { self.s.uffd.move_pages(r.mirror_addr(i), r.page_addr(i), len, true, false) };
+            let res = unsafe { self.s.mirror_uffd.move_pages(r.mirror_addr(i), r.page_addr(i), len, true, false) };
             let (done, skip) = match res {
                 Ok(bytes) => (bytes / PAGE_SIZE, None),
                 Err(uffd::Error::Busy { done_bytes, .. }) => (done_bytes / PAGE_SIZE, Some(PteState::Present)),

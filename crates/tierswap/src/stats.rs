@@ -129,6 +129,19 @@ counters! {
     over_budget_events,
     /// Highest footprint seen by the pager's own sampling.
     footprint_max,
+    /// MADV_DONTNEED / MADV_REMOVE of managed memory by the program (userfaultfd REMOVE).
+    event_remove,
+    /// munmap of managed memory by the program (userfaultfd UNMAP).
+    event_unmap,
+    /// mremap of managed memory by the program (userfaultfd REMAP).
+    event_remap,
+    /// fork of a process with managed memory (userfaultfd FORK).
+    event_fork,
+    /// Pages of forked children served from the parent's swap.
+    child_faults,
+    /// Faults on registered memory the pager does not manage (the part an mremap grew),
+    /// served with a zero page.
+    faults_unmanaged,
 }
 
 impl Counters {

@@ -601,6 +601,32 @@ impl Uffd {
     }
 }
 
+/// Waits up to `timeout_ms` for any of `fds` (at most 8; negative ones ignored) to become
+/// readable; returns a bit per fd, in order (hang-up and error count as readable).
+pub fn poll_fds(fds: &[RawFd], timeout_ms: i32) -> Result<u32> {
+    let mut p = [libc::pollfd { fd: -1, events: libc::POLLIN, revents: 0 }; 8];
+    let n = fds.len().min(8);
+    for (slot, &fd) in p.iter_mut().zip(&fds[..n]) {
+        slot.fd = fd;
+    }
+    // SAFETY: poll on our own array of `n` pollfd.
+    let ret = unsafe { libc::poll(p.as_mut_ptr(), n as libc::nfds_t, timeout_ms) };
+    if ret < 0 {
+        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        if errno == libc::EINTR {
+            return Ok(0);
+        }
+        return Err(map_errno("poll", errno, 0));
+    }
+    let mut ready = 0;
+    for (k, slot) in p[..n].iter().enumerate() {
+        if slot.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0 {
+            ready |= 1 << k;
+        }
+    }
+    Ok(ready)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

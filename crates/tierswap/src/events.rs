@@ -1,0 +1,576 @@
+//! The program's own changes to managed memory, as userfaultfd events: MADV_DONTNEED /
+//! MADV_REMOVE (REMOVE), munmap (UNMAP) and mremap (REMAP). The shim hands out mappings the
+//! program owns ([`crate::Pager::map_detached`]); it frees, empties and moves them with
+//! plain system calls, and the pager follows here.
+//!
+//! Owns: what an event does to ptes, slots, mirrors and the region map; region teardown.
+//! Calls: the page table, the swap space (through `fault::put_slot`), `uffd` on mirrors.
+//!
+//! Ordering rules (where the races live):
+//! - Fault threads read the program's userfaultfd under `Shared::event_lock` and handle the
+//!   events of a read before releasing it, so events are handled one at a time and in the
+//!   order the kernel queued them. Faults read in the same batch are served after.
+//! - The thread doing madvise / munmap / mremap stays blocked until its event is *read*,
+//!   then goes on at once: for REMOVE the kernel zaps the range after our read, maybe
+//!   while we still work. Every page is handled under its pte lock, taken in pte order. A
+//!   fault thread that locked a page first and installs its old bytes after the zap would
+//!   leave stale data mapped: so REMOVE moves every present page of the range out to the
+//!   mirror (through the mirror's userfaultfd, which has no events) and drops it there.
+//!   After that the pte is `None` and any later fault installs zeros. (Left open: between
+//!   such a stale install and the move-out, a thread of the program could read the old
+//!   bytes after its madvise returned; it takes a second thread touching the page while
+//!   it is being discarded.)
+//! - A new region enters the map under the event lock: the kernel may reuse an address
+//!   whose UNMAP event was read (so munmap returned) but is still being handled.
+//! - Installs into the program's range fail with EAGAIN while an event is queued; the
+//!   fault path leaves such pages as they were and wakes the thread, which faults again.
+//! - Reclaim and writeback: they hold the pte lock (reclaim) or the swap entry lock
+//!   (writeback) across every change, so an event handler that takes the pte lock after
+//!   them frees what they left (a slot, a staged page) and nothing comes back.
+//! - Teardown (the last extent of a region unmapped, or its `Region` dropped) marks the
+//!   region dead, waits for reclaim's lock, frees every pte and unmaps the mirror.
+//! - A fault on an address the map does not know takes the event lock (so an event being
+//!   handled, e.g. a REMAP creating the region, completes first) and looks again; memory
+//!   still unknown then (an mremap that grew a mapping: the kernel reports only the old
+//!   length) gets a zero page and is not managed.
+
+use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::fault::put_slot;
+use crate::page::{pages_to_bytes, BLOCK_PAGES, PAGE_SIZE};
+use crate::pager::{RegionInner, Shared};
+use crate::pagetable::{Pte, PteState, PTES_PER_CHUNK};
+use crate::swap::entry::MAX_COUNT;
+use crate::sys;
+use crate::uffd::{self, features, Event, RegisterMode, Uffd};
+
+/// Features of the program ranges' userfaultfd.
+pub(crate) const PROGRAM_FEATURES: u64 =
+    features::MOVE | features::EVENT_REMOVE | features::EVENT_UNMAP | features::EVENT_REMAP | features::EVENT_FORK;
+
+/// Handles one non-fault event. The caller holds `event_lock`.
+pub(crate) fn handle_event(s: &Arc<Shared>, ev: Event) {
+    match ev {
+        Event::Remove { start, end } => {
+            s.counters.event_remove.fetch_add(1, Ordering::Relaxed);
+            remove(s, start, end);
+        }
+        Event::Unmap { start, end } => {
+            s.counters.event_unmap.fetch_add(1, Ordering::Relaxed);
+            unmap(s, start, end);
+        }
+        Event::Remap { from, to, len } => {
+            s.counters.event_remap.fetch_add(1, Ordering::Relaxed);
+            remap(s, from, to, len);
+        }
+        Event::Fork { uffd } => {
+            s.counters.event_fork.fetch_add(1, Ordering::Relaxed);
+            fork(s, uffd);
+        }
+        Event::Unknown(_) | Event::PageFault { .. } => {}
+    }
+}
+
+/// MADV_DONTNEED / MADV_REMOVE on `[start, end)`: the range stays mapped and reads zeros.
+fn remove(s: &Shared, start: usize, end: usize) {
+    let pieces = s.regions.read().unwrap_or_else(|e| e.into_inner()).overlapping(start, end);
+    for p in pieces {
+        discard(s, &p.region, p.lo, p.hi, true);
+    }
+}
+
+/// munmap of `[start, end)`: the range is gone already.
+fn unmap(s: &Shared, start: usize, end: usize) {
+    let pieces = s.regions.write().unwrap_or_else(|e| e.into_inner()).cut(start, end);
+    for p in pieces {
+        discard(s, &p.region, p.lo, p.hi, false);
+        if p.region.extents.load(Ordering::Acquire) == 0 {
+            teardown(s, &p.region);
+        }
+    }
+}
+
+/// Frees pages `[lo, hi)` of `r`: slots, staged copies, kept slots; every pte ends `None`.
+/// `mapped`: the program's range is still mapped (REMOVE), so present pages are moved out
+/// and dropped too (see the module comment for why the kernel's own zap is not enough).
+pub(crate) fn discard(s: &Shared, r: &RegionInner, lo: usize, hi: usize, mapped: bool) {
+    let (mut present, mut staged) = (0i64, 0i64);
+    let mut olds = [Pte::NONE; BLOCK_PAGES];
+    let mut b = lo;
+    while b < hi {
+        let e = (b - b % BLOCK_PAGES + BLOCK_PAGES).min(hi);
+        if b.is_multiple_of(PTES_PER_CHUNK) && e - b == BLOCK_PAGES && skip_chunk(r, b, hi) {
+            // A whole chunk of `None` ptes: nothing to free (a fault that locked one of
+            // them first installs into the range after our move-out below could not
+            // anyway: it sees `None` and installs zeros, which the zap then drops).
+            b = (b + PTES_PER_CHUNK).min(hi);
+            continue;
+        }
+        let (mut any_present, mut any_staged) = (false, false);
+        for i in b..e {
+            let old = r.ptes.lock(i);
+            olds[i - b] = old;
+            match old.state() {
+                PteState::None => {}
+                PteState::Present => {
+                    present += 1;
+                    any_present = true;
+                }
+                PteState::Staged => {
+                    staged += 1;
+                    any_staged = true;
+                }
+                PteState::Swapped => put_slot(s, old.payload()),
+            }
+            if let Some(kept) = old.kept_slot() {
+                put_slot(s, kept);
+            }
+        }
+        let len = (e - b) * PAGE_SIZE;
+        if any_staged || any_present {
+            drop_mirror(r, b, len);
+        }
+        if mapped && any_present {
+            move_out(s, r, b, e);
+            drop_mirror(r, b, len);
+        }
+        for i in b..e {
+            r.ptes.unlock(i, olds[i - b], Pte::NONE);
+        }
+        b = e;
+    }
+    s.present_pages.fetch_sub(present, Ordering::Relaxed);
+    s.staged_pages.fetch_sub(staged, Ordering::Relaxed);
+}
+
+/// Whether the chunk starting at pte `b` lies within `[b, hi)` and holds no live pte.
+fn skip_chunk(r: &RegionInner, b: usize, hi: usize) -> bool {
+    b + PTES_PER_CHUNK <= hi && !r.ptes.chunk_in_use(b / PTES_PER_CHUNK)
+}
+
+/// Drops the mirror's pages `[idx, idx + len_bytes)`.
+fn drop_mirror(r: &RegionInner, idx: usize, len_bytes: usize) {
+    // SAFETY: mirror pages of locked ptes being discarded: only the pager touches the
+    // mirror, and nothing refers to these pages while their ptes are locked. The mirror's
+    // userfaultfd has no REMOVE event, so this raises none.
+    if let Err(e) = unsafe { sys::madvise(r.mirror_addr(idx), len_bytes, libc::MADV_DONTNEED) } {
+        eprintln!("tierswap: releasing discarded staged pages at {:#x} failed: {e}", r.mirror_addr(idx));
+    }
+}
+
+/// Moves whatever is mapped in the program's pages `[lo, hi)` (locked) to the mirror, where
+/// the caller drops it. A page the kernel will not move (shared after fork: EBUSY) is left
+/// to the kernel's own zap: it was mapped before the event, not installed after it.
+fn move_out(s: &Shared, r: &RegionInner, lo: usize, hi: usize) {
+    let mut i = lo;
+    let mut again = 0;
+    while i < hi {
+        // SAFETY: the pages are locked ptes being discarded by the program's own
+        // MADV_DONTNEED: their contents are thrown away whatever we do, and the mirror's
+        // pages at the same offsets were just dropped (holes, as the move needs).
+        let res =
+            unsafe { s.mirror_uffd.move_pages(r.mirror_addr(i), r.page_addr(i), (hi - i) * PAGE_SIZE, true, true) };
+        match res {
+            Ok(_) => return,
+            Err(uffd::Error::Busy { done_bytes, .. }) | Err(uffd::Error::PageExist { done_bytes, .. }) => {
+                i += done_bytes / PAGE_SIZE + 1;
+            }
+            Err(uffd::Error::Again { done_bytes, .. }) if again < 8 => {
+                again += 1;
+                i += done_bytes / PAGE_SIZE;
+            }
+            // The range went away meanwhile (munmap follows): nothing left to zap.
+            Err(_) => return,
+        }
+    }
+}
+
+/// mremap moved `[from, from + len)` to `to`: the kernel moved the present pages; staged
+/// and swapped pages follow here, into a new region per piece of the old range.
+fn remap(s: &Shared, from: usize, to: usize, len: usize) {
+    let pieces = s.regions.write().unwrap_or_else(|e| e.into_inner()).cut(from, from + len);
+    for p in pieces {
+        let r = &p.region;
+        let n = p.hi - p.lo;
+        let new_start = to + (r.page_addr(p.lo) - from);
+        let mode = RegisterMode { missing: true, wp: r.clean_tracking, minor: false };
+        match s.new_region_at(new_start, n, r.hint, mode, true) {
+            Ok(new) => {
+                for k in 0..n {
+                    // Fresh ptes: nobody else holds them. Faults on the new range wait
+                    // until each page is in place.
+                    new.ptes.lock(k);
+                }
+                s.regions.write().unwrap_or_else(|e| e.into_inner()).insert(new.clone());
+                transfer(s, r, p.lo, p.hi, &new);
+            }
+            Err(e) => {
+                eprintln!(
+                    "tierswap: cannot follow mremap to {new_start:#x} ({e}); the moved pages that were swapped out read as zeros"
+                );
+                discard(s, r, p.lo, p.hi, false);
+            }
+        }
+        if r.extents.load(Ordering::Acquire) == 0 {
+            teardown(s, r);
+        }
+    }
+}
+
+/// Moves the state of pages `[lo, hi)` of `old` to pages `[0, hi - lo)` of `new` (whose
+/// ptes the caller locked): staged pages move mirror to mirror, slots change hands.
+fn transfer(s: &Shared, old: &RegionInner, lo: usize, hi: usize, new: &Arc<RegionInner>) {
+    let mut olds = [Pte::NONE; BLOCK_PAGES];
+    let mut b = lo;
+    while b < hi {
+        // Blocks aligned in the new region, so staged pages land in its inactive blocks.
+        let nb = b - lo;
+        let e = (b + BLOCK_PAGES - nb % BLOCK_PAGES).min(hi);
+        let mut any_staged = false;
+        for i in b..e {
+            olds[i - b] = old.ptes.lock(i);
+            any_staged |= olds[i - b].state() == PteState::Staged;
+        }
+        if any_staged {
+            let mut i = b;
+            while i < e {
+                if olds[i - b].state() != PteState::Staged {
+                    i += 1;
+                    continue;
+                }
+                let run = i;
+                while i < e && olds[i - b].state() == PteState::Staged {
+                    i += 1;
+                }
+                move_mirror(s, old, run, new, run - lo, i - run);
+            }
+            s.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((new.id, nb / BLOCK_PAGES));
+        }
+        for i in b..e {
+            let o = olds[i - b];
+            let moved = match o.state() {
+                PteState::Present => {
+                    // The kernel moved the page; it may still be write-protected, and a
+                    // write then only drops the (gone) kept slot. Known dirty from here.
+                    if let Some(kept) = o.kept_slot() {
+                        put_slot(s, kept);
+                    }
+                    Pte::present()
+                }
+                _ => o,
+            };
+            old.ptes.unlock(i, o, Pte::NONE);
+            new.ptes.unlock(i - lo, Pte::NONE, moved);
+        }
+        b = e;
+    }
+}
+
+/// Moves `n` staged pages from `old`'s mirror at `from` to `new`'s mirror at `to`; a page
+/// that cannot move is copied.
+fn move_mirror(s: &Shared, old: &RegionInner, from: usize, new: &RegionInner, to: usize, n: usize) {
+    let mut k = 0;
+    while k < n {
+        // SAFETY: locked staged pages: their only copy is in `old`'s mirror, which only the
+        // pager touches; `new`'s mirror is fresh and empty there.
+        let res = unsafe {
+            s.mirror_uffd.move_pages(
+                new.mirror_addr(to + k),
+                old.mirror_addr(from + k),
+                (n - k) * PAGE_SIZE,
+                true,
+                true,
+            )
+        };
+        match res {
+            Ok(_) => return,
+            Err(uffd::Error::Busy { done_bytes, .. })
+            | Err(uffd::Error::Again { done_bytes, .. })
+            | Err(uffd::Error::PageExist { done_bytes, .. }) => {
+                k += done_bytes / PAGE_SIZE;
+                // SAFETY: the staged page's bytes in `old`'s mirror, under its pte lock.
+                let page = unsafe { std::slice::from_raw_parts(old.mirror_addr(from + k) as *const u8, PAGE_SIZE) };
+                if let Err(e) = s.mirror_uffd.copy(new.mirror_addr(to + k), page, true, false) {
+                    if !matches!(e, uffd::Error::PageExist { .. }) {
+                        crate::fault::fatal(&format!("cannot follow an mremap'd staged page: {e}"));
+                    }
+                }
+                k += 1;
+            }
+            Err(e) => crate::fault::fatal(&format!("cannot follow an mremap'd staged page: {e}")),
+        }
+    }
+}
+
+/// Frees everything region `r` still holds and unmaps its mirror. Its program range is
+/// already unmapped or moved away, and it is out of the map.
+pub(crate) fn teardown(s: &Shared, r: &RegionInner) {
+    r.dead.store(true, Ordering::SeqCst);
+    // Wait for reclaim to finish anything it started on this region.
+    let guard = r.reclaim_lock.lock().unwrap_or_else(|e| e.into_inner());
+    if r.gone.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    discard(s, r, 0, r.n_pages, false);
+    let len = pages_to_bytes(r.n_pages);
+    let _ = s.mirror_uffd.unregister(r.mirror, len);
+    // SAFETY: every pte is None, the region is out of the map and dead: nothing will look
+    // at its mirror again (fault threads only touch mirror pages of locked staged ptes).
+    unsafe {
+        let _ = sys::munmap(r.mirror, len);
+    }
+    drop(guard);
+    s.refresh_metadata();
+}
+
+// ---------------------------------------------------------------------------------------
+// fork
+//
+// With EVENT_FORK the kernel gives the parent's pager the child's userfaultfd, the child's
+// copies of the program ranges registered with it. Present pages the kernel shares
+// copy-on-write; missing ones (swapped, staged: mirrors are MADV_DONTFORK) fault to us.
+//
+// The snapshot is taken when the FORK event is handled: while it is queued the parent's
+// own installs fail with EAGAIN (the kernel raises mmap_changing), so no page becomes
+// present meanwhile; a staged page evicted meanwhile has the same bytes in its slot. So
+// the ptes seen then are the ptes at fork. Swapped pages: the child takes a reference on
+// the slot (the swap count), and the parent's swap-in or discard only drops its own.
+// Staged pages are copied at once (bounded by the inactive list). Nothing is read from
+// swap until the child touches a page: fork + exec costs one walk of the page tables.
+//
+// One thread per child serves its faults and events; when the child's mm is gone (exit or
+// exec) it drops every reference the child held. The child's memory is not budgeted.
+// ---------------------------------------------------------------------------------------
+
+/// Where a child's missing page comes from.
+#[derive(Clone, Copy)]
+enum Src {
+    /// A slot the child holds a reference on.
+    Slot(u64),
+    /// A copy in the child's own buffer, at this page index.
+    Copy(usize),
+}
+
+/// A forked child whose missing pages the parent serves.
+struct Child {
+    uffd: Uffd,
+    /// Page address in the child → where its fork-time bytes are.
+    pages: BTreeMap<usize, Src>,
+    /// Copies of pages (staged at fork, or slots whose count is full).
+    copies: Vec<u8>,
+}
+
+impl Child {
+    fn add_copy(&mut self, page: &[u8]) -> Src {
+        let k = self.copies.len() / PAGE_SIZE;
+        self.copies.extend_from_slice(&page[..PAGE_SIZE]);
+        Src::Copy(k)
+    }
+
+    /// Takes another reference on `slot` for this child, or copies its bytes when its
+    /// count is full.
+    fn share_slot(&mut self, s: &Shared, slot: u64, scratch: &mut crate::fault::Scratch) -> Option<Src> {
+        let e = s.swap.lock(slot);
+        if e.count() < MAX_COUNT {
+            s.swap.unlock(slot, e, e.with_count(e.count() + 1));
+            return Some(Src::Slot(slot));
+        }
+        let buf = scratch.page.as_mut_slice();
+        let res = crate::fault::read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed);
+        s.swap.unlock(slot, e, e);
+        match res {
+            Ok(true) => Some(self.add_copy(&scratch.page.as_slice()[..PAGE_SIZE])),
+            Ok(false) => None,
+            Err(fail) => {
+                eprintln!("tierswap: a forked child's page (slot {slot}) cannot be read ({fail}); it reads zeros");
+                None
+            }
+        }
+    }
+
+    /// Drops everything in `[start, end)`.
+    fn drop_range(&mut self, s: &Shared, start: usize, end: usize) {
+        let keys: Vec<usize> = self.pages.range(start..end).map(|(&a, _)| a).collect();
+        for a in keys {
+            if let Some(Src::Slot(slot)) = self.pages.remove(&a) {
+                put_slot(s, slot);
+            }
+        }
+    }
+
+    fn release(&mut self, s: &Shared) {
+        for (_, src) in std::mem::take(&mut self.pages) {
+            if let Src::Slot(slot) = src {
+                put_slot(s, slot);
+            }
+        }
+        self.copies = Vec::new();
+    }
+}
+
+/// The FORK event: snapshot what the child cannot see (swapped and staged pages) and start
+/// its server thread.
+fn fork(s: &Arc<Shared>, child_uffd: Uffd) {
+    let mut scratch = match crate::fault::Scratch::new(s.config.file_unit_bytes, 1) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("tierswap: cannot serve a forked child ({e}); its swapped pages read as zeros");
+            return;
+        }
+    };
+    let mut child = Child { uffd: child_uffd, pages: BTreeMap::new(), copies: Vec::new() };
+    for r in s.all_regions() {
+        for c in 0..r.n_pages.div_ceil(PTES_PER_CHUNK) {
+            if !r.ptes.chunk_in_use(c) {
+                continue;
+            }
+            for i in c * PTES_PER_CHUNK..((c + 1) * PTES_PER_CHUNK).min(r.n_pages) {
+                let old = r.ptes.lock(i);
+                let src = match old.state() {
+                    PteState::Swapped => child.share_slot(s, old.payload(), &mut scratch),
+                    PteState::Staged => {
+                        // SAFETY: the staged page's bytes in the mirror, under its pte lock.
+                        let page = unsafe { std::slice::from_raw_parts(r.mirror_addr(i) as *const u8, PAGE_SIZE) };
+                        Some(child.add_copy(page))
+                    }
+                    _ => None,
+                };
+                r.ptes.unlock(i, old, old);
+                if let Some(src) = src {
+                    child.pages.insert(r.page_addr(i), src);
+                }
+            }
+        }
+    }
+    spawn_child(s, child, scratch);
+}
+
+fn spawn_child(s: &Arc<Shared>, child: Child, scratch: crate::fault::Scratch) {
+    let s2 = s.clone();
+    let mut holder = Some((child, scratch));
+    let res = std::thread::Builder::new().name("tierswap-child".into()).spawn(move || {
+        crate::sys::block_signals();
+        if let Some((child, scratch)) = holder.take() {
+            serve_child(&s2, child, scratch);
+        }
+    });
+    if let Err(e) = res {
+        eprintln!("tierswap: cannot start a thread for a forked child ({e}); its swapped pages read as zeros");
+    }
+}
+
+/// An address no program maps (below any executable, above mmap_min_addr): a zero-page
+/// request there fails with ENOENT while the child lives and ESRCH once its mm is gone,
+/// changing nothing either way.
+const PROBE_ADDR: usize = 0x10000;
+
+/// Serves a forked child until its mm is gone, then drops its references.
+fn serve_child(s: &Arc<Shared>, mut child: Child, mut scratch: crate::fault::Scratch) {
+    let fds = [child.uffd.as_raw_fd(), s.stop_fd.as_raw_fd()];
+    let mut events = Vec::with_capacity(64);
+    loop {
+        if s.shutdown.load(Ordering::Acquire) {
+            break;
+        }
+        let ready = match uffd::poll_fds(&fds, 100) {
+            Ok(r) => r,
+            Err(_) => break,
+        };
+        if ready & 1 == 0 {
+            if matches!(child.uffd.zeropage(PROBE_ADDR, PAGE_SIZE, true), Err(uffd::Error::ProcessGone { .. })) {
+                break;
+            }
+            continue;
+        }
+        events.clear();
+        if child.uffd.read_events(&mut events, 64).is_err() {
+            break;
+        }
+        for ev in events.drain(..) {
+            match ev {
+                Event::PageFault { addr, write, .. } => serve_child_fault(s, &mut child, addr, write, &mut scratch),
+                Event::Remove { start, end } | Event::Unmap { start, end } => child.drop_range(s, start, end),
+                Event::Remap { from, to, len } => {
+                    let moved: Vec<(usize, Src)> = child.pages.range(from..from + len).map(|(&a, &v)| (a, v)).collect();
+                    for (a, v) in moved {
+                        child.pages.remove(&a);
+                        child.pages.insert(a - from + to, v);
+                    }
+                }
+                Event::Fork { uffd } => {
+                    // A grandchild: it shares what this child still has from us.
+                    let mut g = Child { uffd, pages: BTreeMap::new(), copies: Vec::new() };
+                    let entries: Vec<(usize, Src)> = child.pages.iter().map(|(&a, &v)| (a, v)).collect();
+                    for (a, v) in entries {
+                        let src = match v {
+                            Src::Slot(slot) => g.share_slot(s, slot, &mut scratch),
+                            Src::Copy(k) => Some(g.add_copy(&child.copies[k * PAGE_SIZE..(k + 1) * PAGE_SIZE])),
+                        };
+                        if let Some(src) = src {
+                            g.pages.insert(a, src);
+                        }
+                    }
+                    match crate::fault::Scratch::new(s.config.file_unit_bytes, 1) {
+                        Ok(gs) => spawn_child(s, g, gs),
+                        Err(_) => g.release(s),
+                    }
+                }
+                Event::Unknown(_) => {}
+            }
+        }
+    }
+    child.release(s);
+}
+
+/// Installs the child's page at `addr` from its fork-time source.
+fn serve_child_fault(s: &Shared, child: &mut Child, addr: usize, write: bool, scratch: &mut crate::fault::Scratch) {
+    static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
+    let page_addr = addr & !(PAGE_SIZE - 1);
+    let src = child.pages.get(&page_addr).copied();
+    let res = match src {
+        Some(Src::Slot(slot)) => {
+            let e = s.swap.lock(slot);
+            let buf = scratch.page.as_mut_slice();
+            let read = crate::fault::read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed);
+            s.swap.unlock(slot, e, e);
+            match read {
+                Ok(true) => child.uffd.copy(page_addr, &scratch.page.as_slice()[..PAGE_SIZE], false, false),
+                Ok(false) if write => child.uffd.copy(page_addr, &ZERO_PAGE, false, false),
+                Ok(false) => child.uffd.zeropage(page_addr, PAGE_SIZE, false),
+                Err(fail) => {
+                    eprintln!(
+                        "tierswap: a forked child's page at {page_addr:#x} cannot be read ({fail}); it gets SIGBUS"
+                    );
+                    child.uffd.poison(page_addr, PAGE_SIZE, false)
+                }
+            }
+        }
+        Some(Src::Copy(k)) => {
+            child.uffd.copy(page_addr, &child.copies[k * PAGE_SIZE..(k + 1) * PAGE_SIZE], false, false)
+        }
+        None if write => child.uffd.copy(page_addr, &ZERO_PAGE, false, false),
+        None => child.uffd.zeropage(page_addr, PAGE_SIZE, false),
+    };
+    match res {
+        Ok(_) | Err(uffd::Error::PageExist { .. }) => {
+            if res.is_err() {
+                let _ = child.uffd.wake(page_addr, PAGE_SIZE);
+            }
+            // The child has its page: its reference goes.
+            if let Some(Src::Slot(slot)) = child.pages.remove(&page_addr) {
+                put_slot(s, slot);
+            }
+            if src.is_some() {
+                s.counters.child_faults.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // An event of the child's is queued (read next round), or the range went away:
+        // the thread faults again, or not at all.
+        Err(_) => {
+            let _ = child.uffd.wake(page_addr, PAGE_SIZE);
+        }
+    }
+}
