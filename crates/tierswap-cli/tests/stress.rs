@@ -1,5 +1,5 @@
 //! `tierswap bench --workload stress`: 20 s with 4 threads, with every fault injection kind
-//! and without any. Every byte read is compared with the stress model inside the binary;
+//! (default ops) and without any (every op, the program's madvise/mremap/munmap included). Every byte read is compared with the stress model inside the binary;
 //! here we check its report: no wrong byte, no hang, every SIGBUS a page the engine logged
 //! as poisoned (and the other way round), every injection seen in the engine's counters,
 //! and every path of the engine exercised. Also: the watchdog ends a stuck run with exit 3,
@@ -111,9 +111,16 @@ fn stress_with_every_fault_kind_loses_nothing() {
 
 #[test]
 fn stress_without_injection_is_exact() {
-    let (code, v, text) = stress("plain", &["--threads", "4", "--duration", "20s", "--seed", "3"]);
+    // Every op, the program's madvise(DONTNEED) / mremap / munmap of managed memory included.
+    let (code, v, text) = stress("plain", &["--threads", "4", "--duration", "20s", "--seed", "3", "--ops", "all"]);
     assert_eq!(code, Some(0), "{text}");
     check_common(&v, &text);
+    for op in ["dontneed", "mremap", "munmap"] {
+        assert!(n(&v["ops"], op) > 0, "op {op} ran: {text}");
+    }
+    for c in ["event_remove", "event_remap", "event_unmap"] {
+        assert!(counter(&v, c) > 0, "the engine followed {c}: {text}");
+    }
     assert!(v["injected"].as_array().unwrap().is_empty(), "{text}");
     assert_eq!(n(&v, "sigbus_pages"), 0, "no SIGBUS without a failure: {text}");
     assert_eq!(n(&v, "poison_logged"), 0, "{text}");
