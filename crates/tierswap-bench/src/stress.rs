@@ -1575,7 +1575,7 @@ pub fn run(spec: &StressSpec) -> Result<StressReport, StressError> {
                 }
                 let mut report = collect_with(spec, &sh, plan2, stats);
                 report.hangs = 1;
-                report.hang = hang.clone();
+                report.hang = Some(format!("{h}; threads: {}", thread_states()));
                 if let Some(b) = &bar {
                     b.finish_and_clear();
                 }
@@ -1630,6 +1630,24 @@ pub fn run(spec: &StressSpec) -> Result<StressReport, StressError> {
         && report.sigbus_pages <= sigbus_budget;
     inject::clear();
     Ok(report)
+}
+
+/// Every thread of this process: name, state and kernel wait channel, for a hang report.
+fn thread_states() -> String {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return "(no /proc/self/task)".into();
+    };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let p = e.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default().trim().to_string();
+        let stat = read("stat");
+        // The state is the field after the parenthesised name.
+        let state = stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()).unwrap_or("?").to_string();
+        out.push(format!("{} {} {}", read("comm"), state, read("wchan")));
+    }
+    out.sort();
+    out.join(", ")
 }
 
 fn make_bar(orig_fd: i32, duration: Duration) -> Option<ProgressBar> {
