@@ -164,6 +164,12 @@ pub const INJECT_ALL: &str = "pool_alloc:1/10,compress_fail:1/10,compress_garbag
 file_write_eio:1/20,file_write_enospc:1/20,file_read_short:1/4,file_read_eio:1/200,read_slow:1ms@1/50,\
 write_slow:1ms@1/50,fault_stall:1ms@1/200";
 
+/// `--inject recoverable`: every kind that must end in a correct page (no read error, no
+/// garbage object: nothing that poisons a page), at the rates of [`INJECT_ALL`].
+pub const INJECT_RECOVERABLE: &str = "pool_alloc:1/10,compress_fail:1/10,file_write_short:1/4,\
+file_write_eio:1/20,file_write_enospc:1/20,file_read_short:1/4,read_slow:1ms@1/50,write_slow:1ms@1/50,\
+fault_stall:1ms@1/200";
+
 /// A stress run that cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum StressError {
@@ -717,9 +723,13 @@ impl Tap {
                         let repeat = line.contains("staging pages at") && !staging_seen.insert(line.to_string());
                         if !repeat {
                             let _ = writeln!(w, "{:.3} {line}", st.t0.elapsed().as_secs_f64());
+                            // The process may abort any moment: nothing stays in the buffer.
+                            let _ = w.flush();
                         }
                     }
-                    if engine && shown >= SHOWN_ENGINE_LINES {
+                    // A pager giving up (a dead thread, a fatal error) is always shown.
+                    let fatal = line.contains("abort") || line.contains("panick") || line.contains("fatal");
+                    if engine && shown >= SHOWN_ENGINE_LINES && !fatal {
                         st.suppressed.fetch_add(1, Relaxed);
                         continue;
                     }
@@ -1548,17 +1558,29 @@ pub fn run(spec: &StressSpec) -> Result<StressReport, StressError> {
                 }
                 None => {}
             }
-            if hang.is_some() {
-                let mut report = collect(spec, &sh, plan.clone());
+            if let Some(h) = &hang {
+                // SAFETY: a new descriptor of the real stderr we kept.
+                let mut out = unsafe { File::from_raw_fd(libc::dup(tap.orig_fd)) };
+                let _ = writeln!(out, "tierswap-stress: HANG: {h}");
+                // The engine's stats may wait on the stuck part of the engine: give them a
+                // few seconds, else report without them.
+                let (tx, rx) = std::sync::mpsc::channel();
+                let (sh_ref, plan2) = (&sh, plan.clone());
+                scope.spawn(move || {
+                    let _ = tx.send(sh_ref.pager.stats());
+                });
+                let stats = rx.recv_timeout(Duration::from_secs(5)).ok();
+                if stats.is_none() {
+                    let _ = writeln!(out, "tierswap-stress: the engine's stats did not answer within 5 s either");
+                }
+                let mut report = collect_with(spec, &sh, plan2, stats);
                 report.hangs = 1;
-                report.hang = hang.clone();
+                report.hang = Some(format!("{h}; threads: {}", thread_states()));
                 if let Some(b) = &bar {
                     b.finish_and_clear();
                 }
                 // The stuck worker cannot be joined: report from here and leave.
                 let (text, _) = finish_text(&report, spec.json.as_ref());
-                // SAFETY: writing to the real stderr we kept.
-                let mut out = unsafe { File::from_raw_fd(libc::dup(tap.orig_fd)) };
                 let _ = out.write_all(text.as_bytes());
                 print!("{text}");
                 let _ = std::io::stdout().flush();
@@ -1610,6 +1632,24 @@ pub fn run(spec: &StressSpec) -> Result<StressReport, StressError> {
     Ok(report)
 }
 
+/// Every thread of this process: name, state and kernel wait channel, for a hang report.
+fn thread_states() -> String {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return "(no /proc/self/task)".into();
+    };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let p = e.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default().trim().to_string();
+        let stat = read("stat");
+        // The state is the field after the parenthesised name.
+        let state = stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()).unwrap_or("?").to_string();
+        out.push(format!("{} {} {}", read("comm"), state, read("wchan")));
+    }
+    out.sort();
+    out.join(", ")
+}
+
 fn make_bar(orig_fd: i32, duration: Duration) -> Option<ProgressBar> {
     // SAFETY: isatty on a descriptor we own.
     if unsafe { libc::isatty(orig_fd) } != 1 {
@@ -1636,7 +1676,11 @@ fn make_bar(orig_fd: i32, duration: Duration) -> Option<ProgressBar> {
 /// The report from the shared counters and the engine's stats (poisons and accounting
 /// come later).
 fn collect(spec: &StressSpec, sh: &Shared, plan: Option<String>) -> StressReport {
-    let stats = sh.pager.stats();
+    collect_with(spec, sh, plan, Some(sh.pager.stats()))
+}
+
+/// [`collect`] with the engine's stats given (none: the engine did not answer).
+fn collect_with(spec: &StressSpec, sh: &Shared, plan: Option<String>, stats: Option<tierswap::Stats>) -> StressReport {
     let ops: BTreeMap<String, u64> =
         Op::ALL.iter().filter(|o| sh.on(**o)).map(|o| (o.name().to_string(), sh.ops[o.idx()].load(Relaxed))).collect();
     StressReport {
@@ -1661,7 +1705,9 @@ fn collect(spec: &StressSpec, sh: &Shared, plan: Option<String>) -> StressReport
         sigbus_pages: sh.sigbus_pages.load(Relaxed),
         sigbus_repeat: sh.sigbus_repeat.load(Relaxed),
         poison_lifted: sh.poison_lifted.load(Relaxed),
-        counters: stats.counters.pairs().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        counters: stats
+            .map(|st| st.counters.pairs().into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+            .unwrap_or_default(),
         injected: inject::report().kinds,
         ..Default::default()
     }

@@ -138,7 +138,8 @@ struct Bench {
     #[arg(long)]
     ops: Option<String>,
     /// stress: fault injection spec (KIND:N/D or KIND:DELAY@N/D, comma-separated, seed=N), or
-    /// `all` for every kind at a moderate rate. Needs a build with `--features fault-injection`.
+    /// `all` for every kind at a moderate rate, or `recoverable` for every kind that must end in
+    /// a correct page (no SIGBUS). Needs a build with `--features fault-injection`.
     #[arg(long)]
     inject: Option<String>,
     /// stress: seed of the workers' choices (and of the injection when --inject names none).
@@ -506,7 +507,11 @@ fn run_stress(b: &Bench, engines: &[tierswap_bench::EngineSpec], pager: PagerCon
             if !tierswap::inject::ENABLED {
                 return Err(stress::StressError::NotBuilt.into());
             }
-            let text = if text.trim() == "all" { stress::INJECT_ALL } else { text };
+            let text = match text.trim() {
+                "all" => stress::INJECT_ALL,
+                "recoverable" => stress::INJECT_RECOVERABLE,
+                _ => text,
+            };
             let mut spec: tierswap::inject::Spec =
                 text.parse().map_err(|e: tierswap::inject::InjectError| UserError(format!("--inject: {e}")))?;
             if !text.contains("seed=") {
