@@ -317,15 +317,28 @@ impl Shared {
     /// The footprint: present + staged pages, pool spans, one file unit buffer, metadata.
     pub(crate) fn footprint_bytes(&self) -> u64 {
         let pages = self.present_pages.load(Ordering::Relaxed) + self.staged_pages.load(Ordering::Relaxed);
-        pages.max(0) as u64 * PAGE_SIZE as u64 + self.footprint_floor()
+        pages.max(0) as u64 * PAGE_SIZE as u64 + self.pool.total_bytes() + self.fixed_bytes()
+    }
+
+    /// File write buffers and metadata: the footprint's part no eviction or writeback moves.
+    fn fixed_bytes(&self) -> u64 {
+        let file_buf =
+            if self.file.is_some() { (2 + self.fault_threads) as u64 * self.config.file_unit_bytes as u64 } else { 0 };
+        file_buf + self.metadata_bytes.load(Ordering::Relaxed)
     }
 
     /// The part of the footprint evicting pages cannot shrink: the pool, reclaim's write
     /// unit and each fault thread's unit cache, metadata.
     pub(crate) fn footprint_floor(&self) -> u64 {
-        let file_buf =
-            if self.file.is_some() { (2 + self.fault_threads) as u64 * self.config.file_unit_bytes as u64 } else { 0 };
-        self.pool.total_bytes() + file_buf + self.metadata_bytes.load(Ordering::Relaxed)
+        // Pool bytes over its limit are a floor only when nothing below can take them: with
+        // a working writeback target they are on their way out, and faults should wait for
+        // that (a remote store writes back slower than eviction fills the pool).
+        let target_up = !self.wb_failing.load(Ordering::Relaxed)
+            && ((self.file.is_some() && !self.file_off.load(Ordering::Relaxed))
+                || self.remote.as_ref().is_some_and(|r| !r.is_down()));
+        let pool = self.pool.total_bytes();
+        let pool = if target_up { pool.min(self.config.pool_max_bytes()) } else { pool };
+        pool + self.fixed_bytes()
     }
 
     pub(crate) fn budget(&self) -> u64 {
