@@ -245,6 +245,17 @@ fn mremap_move_grow_and_shrink_carry_every_page() {
     check_zero(grown, n..2 * n);
     fill(grown, n..2 * n, 22);
     check(grown, n..2 * n, 22);
+    // The tail is unmanaged (zero pages) until the shim hands it over.
+    assert_eq!(p.stats().counters.faults_unmanaged, n as u64);
+    assert!(p.adopt_grown(grown + n * PAGE, n * PAGE).is_ok());
+    assert!(p.adopt_grown(grown + n * PAGE, n * PAGE).is_err(), "adopted twice");
+    // Pages faulted in before the handover are present but unknown to the pager: discard
+    // them so that the tail is managed page by page from here.
+    madvise(grown, n..2 * n, libc::MADV_DONTNEED);
+    fill(grown, n..2 * n, 23);
+    p.evict_all();
+    assert_eq!(p.stats().swap_slots, 2 * n as u64, "the tail swaps out too");
+    check(grown, n..2 * n, 23);
     // Shrink in place: the tail's slots go.
     p.evict_all();
     let before = p.stats().swap_slots;
