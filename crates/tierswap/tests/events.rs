@@ -61,7 +61,15 @@ fn fill_page(page: &mut [u8], p: usize, salt: u64) {
 fn expect_page(page: &[u8], p: usize, salt: u64) {
     let mut want = vec![0u8; PAGE];
     fill_page(&mut want, p, salt);
-    assert!(page == &want[..], "page {p} (salt {salt}) came back wrong");
+    if page != &want[..] {
+        let word = |b: &[u8], i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+        let bad = (0..PAGE / 8).filter(|&i| word(page, i) != word(&want, i)).count();
+        panic!(
+            "page {p} (salt {salt}) came back wrong: {bad} words differ; first word {:#x}, want {:#x}",
+            word(page, 0),
+            word(&want, 0)
+        );
+    }
 }
 
 /// The bytes at `base + p * PAGE`.
