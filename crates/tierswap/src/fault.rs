@@ -173,6 +173,13 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
     }
     let old = r.ptes.lock(idx);
     let new = match old.state() {
+        PteState::None if !s.maps(&r, page_addr) => {
+            // The region lost this page to an UNMAP / REMAP handled since our lookup, and
+            // the address may belong to a new mapping by now: fault again and find it.
+            r.ptes.unlock(idx, old, old);
+            let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+            return;
+        }
         PteState::None => {
             if !install_zero(s, page_addr, write, true) {
                 // The range is going away (munmap, mremap): nothing was installed.
@@ -545,7 +552,14 @@ fn handle_wp_fault(s: &Shared, addr: usize) {
     let block_start = idx - idx % BLOCK_PAGES;
     let block_end = (block_start + BLOCK_PAGES).min(r.n_pages);
     let mut locked = [None; BLOCK_PAGES];
-    locked[idx - block_start] = Some(r.ptes.lock(idx));
+    let first = r.ptes.lock(idx);
+    if !s.maps(&r, page_addr) {
+        // Cut from the region since the lookup (see handle_fault): fault again.
+        r.ptes.unlock(idx, first, first);
+        let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+        return;
+    }
+    locked[idx - block_start] = Some(first);
     for i in block_start..block_end {
         if i != idx {
             locked[i - block_start] = r.ptes.try_lock_in(i, PteState::Present);
@@ -794,6 +808,34 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
         let mut stop = false;
         let done_pages = match res {
             Ok(bytes) => bytes / PAGE_SIZE,
+            Err(uffd::Error::NoPage { done_bytes, .. } | uffd::Error::Again { done_bytes, .. })
+                if done_bytes == 0
+                    && sys::is_resident(r.mirror_addr(i))
+                    && !sys::is_resident(r.page_addr(i))
+                    && !s.maps(r, r.page_addr(i)) =>
+            {
+                // The page is in the mirror but the program's range is gone (munmap, mremap
+                // handled or queued): it stays staged for the event handler.
+                for k in i..to {
+                    let old = r.ptes.load(k);
+                    r.ptes.unlock(k, old, old);
+                }
+                stop = true;
+                0
+            }
+            Err(uffd::Error::NoPage { done_bytes, .. })
+                if sys::is_resident(r.mirror_addr(i + done_bytes / PAGE_SIZE)) =>
+            {
+                // ENOENT with the page in the mirror: the destination is gone (an mremap or
+                // munmap whose event is not handled yet). Leave the rest staged.
+                let done = done_bytes / PAGE_SIZE;
+                for k in i + done..to {
+                    let old = r.ptes.load(k);
+                    r.ptes.unlock(k, old, old);
+                }
+                stop = true;
+                done
+            }
             Err(uffd::Error::NoPage { done_bytes, .. }) => {
                 // A hole in the mirror at the page after the moved ones: it was a zero page.
                 let at = i + done_bytes / PAGE_SIZE;

@@ -60,6 +60,14 @@ pub enum Error {
         /// The length asked for.
         len_bytes: usize,
     },
+    /// `adopt_grown` over memory that is managed already, or not page-aligned.
+    #[error("cannot adopt {addr:#x}+{len_bytes}: give the page-aligned tail an mremap added to a managed mapping")]
+    NotGrownTail {
+        /// First byte asked for.
+        addr: usize,
+        /// Length asked for.
+        len_bytes: usize,
+    },
     /// An operation on a tier this pager was not configured with.
     #[error("this pager has no {0} tier (add it to the tiers)")]
     NoSuchTier(&'static str),
@@ -722,6 +730,31 @@ impl Pager {
             std::mem::forget(self.threads.clone());
         }
         Ok(inner.start as *mut u8)
+    }
+
+    /// Takes over the tail `[addr, addr + len_bytes)` that an mremap added to a managed
+    /// mapping. The kernel reports a move of the old length only, so until this call the
+    /// tail is served with zero pages and never swapped (counted in `faults_unmanaged`).
+    /// For the shim, after its mremap returned; `addr` = new start + old length.
+    pub fn adopt_grown(&self, addr: usize, len_bytes: usize) -> Result<()> {
+        let bad = Error::NotGrownTail { addr, len_bytes };
+        if len_bytes == 0 || addr % PAGE_SIZE != 0 || len_bytes % PAGE_SIZE != 0 || addr < PAGE_SIZE {
+            return Err(bad);
+        }
+        let s = &self.shared;
+        let _ev = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if !s.regions.read().unwrap_or_else(|e| e.into_inner()).overlapping(addr, addr + len_bytes).is_empty() {
+            return Err(bad);
+        }
+        // The tail inherited the registration of the mapping in front of it.
+        let (hint, wp) = match s.lookup(addr - PAGE_SIZE) {
+            Lookup::Region(r, _) => (r.hint, r.clean_tracking),
+            Lookup::Unknown => return Err(bad),
+        };
+        let mode = RegisterMode { missing: true, wp, minor: false };
+        let r = s.new_region_at(addr, len_bytes / PAGE_SIZE, hint, mode, true)?;
+        s.regions.write().unwrap_or_else(|e| e.into_inner()).insert(r);
+        Ok(())
     }
 
     /// The managed mapping holding `addr`, as (first byte, length in bytes).

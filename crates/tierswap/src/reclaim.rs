@@ -684,6 +684,11 @@ mod tests {
 /// the program's range (present), in the mirror (it moved), or nowhere (a hole the program
 /// made with MADV_DONTNEED, which reads as zeros).
 fn where_is(r: &RegionInner, idx: usize) -> PteState {
+    if !is_mapped(r.page_addr(idx)) {
+        // The program's range is gone (munmap) or moved (mremap): the page went with it or
+        // away, and the event handler decides which. Leave the pte as it is.
+        return PteState::Present;
+    }
     if sys::is_resident(r.page_addr(idx)) {
         PteState::Present
     } else if sys::is_resident(r.mirror_addr(idx)) {
@@ -691,6 +696,14 @@ fn where_is(r: &RegionInner, idx: usize) -> PteState {
     } else {
         PteState::None
     }
+}
+
+/// Whether the page at `addr` is in some mapping (mincore fails with ENOMEM otherwise).
+fn is_mapped(addr: usize) -> bool {
+    let mut vec = 0u8;
+    // SAFETY: mincore writes one byte for one page into `vec`; it only reads page tables.
+    let r = unsafe { libc::mincore(addr as *mut libc::c_void, PAGE_SIZE, &mut vec) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOMEM)
 }
 
 /// The bytes of a locked staged page, in the mirror.
