@@ -164,28 +164,71 @@ fn drop_mirror(r: &RegionInner, idx: usize, len_bytes: usize) {
 /// Moves whatever is mapped in the program's pages `[lo, hi)` (locked) to the mirror, where
 /// the caller drops it. A page the kernel will not move (shared after fork: EBUSY) is left
 /// to the kernel's own zap: it was mapped before the event, not installed after it.
+///
+/// Only runs of present pages are moved, never with ALLOW_SRC_HOLES: on Linux 6.18 a hole-
+/// allowing UFFDIO_MOVE over a range the program is zapping at the same time was seen to
+/// spin in the kernel for good (move_pages retrying -EAGAIN with every page a hole; the
+/// stress workload hung within minutes). With the ptes locked nothing new is installed
+/// here, so pagemap's answer holds for the move.
 fn move_out(s: &Shared, r: &RegionInner, lo: usize, hi: usize) {
-    let mut i = lo;
-    let mut again = 0;
-    while i < hi {
-        // SAFETY: the pages are locked ptes being discarded by the program's own
-        // MADV_DONTNEED: their contents are thrown away whatever we do, and the mirror's
-        // pages at the same offsets were just dropped (holes, as the move needs).
-        let res =
-            unsafe { s.mirror_uffd.move_pages(r.mirror_addr(i), r.page_addr(i), (hi - i) * PAGE_SIZE, true, true) };
-        match res {
-            Ok(_) => return,
-            Err(uffd::Error::Busy { done_bytes, .. }) | Err(uffd::Error::PageExist { done_bytes, .. }) => {
-                i += done_bytes / PAGE_SIZE + 1;
+    for (a, b) in present_runs(r.page_addr(lo), hi - lo) {
+        let (a, b) = (lo + a, lo + b);
+        let mut i = a;
+        let mut again = 0;
+        while i < b {
+            // SAFETY: the pages are locked ptes being discarded by the program's own
+            // MADV_DONTNEED: their contents are thrown away whatever we do, and the mirror's
+            // pages at the same offsets were just dropped (holes, as the move needs).
+            let res =
+                unsafe { s.mirror_uffd.move_pages(r.mirror_addr(i), r.page_addr(i), (b - i) * PAGE_SIZE, true, false) };
+            match res {
+                Ok(_) => break,
+                Err(uffd::Error::Busy { done_bytes, .. })
+                | Err(uffd::Error::PageExist { done_bytes, .. })
+                | Err(uffd::Error::NoPage { done_bytes, .. }) => {
+                    // Shared after fork, or already gone (the zap won the race): skip it.
+                    i += done_bytes / PAGE_SIZE + 1;
+                }
+                Err(uffd::Error::Again { done_bytes, .. }) if again < 8 => {
+                    again += 1;
+                    i += done_bytes / PAGE_SIZE;
+                }
+                // The range went away meanwhile (munmap follows): nothing left to zap.
+                Err(_) => return,
             }
-            Err(uffd::Error::Again { done_bytes, .. }) if again < 8 => {
-                again += 1;
-                i += done_bytes / PAGE_SIZE;
-            }
-            // The range went away meanwhile (munmap follows): nothing left to zap.
-            Err(_) => return,
         }
     }
+}
+
+/// The runs of pages in `[addr, addr + n_pages pages)` that are mapped now (present in the
+/// page table, per /proc/self/pagemap), as page offsets `[a, b)`. On any error it answers
+/// "all of it", which only costs moves that find holes (ENOENT, skipped).
+fn present_runs(addr: usize, n_pages: usize) -> Vec<(usize, usize)> {
+    use std::os::unix::fs::FileExt;
+    let all = vec![(0, n_pages)];
+    let Ok(f) = std::fs::File::open("/proc/self/pagemap") else { return all };
+    let mut words = vec![0u8; n_pages * 8];
+    match f.read_exact_at(&mut words, (addr / PAGE_SIZE * 8) as u64) {
+        Ok(()) => {}
+        Err(_) => return all,
+    }
+    let mut runs = Vec::new();
+    let mut start = None;
+    for i in 0..=n_pages {
+        let present = i < n_pages && {
+            let w = u64::from_le_bytes(words[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+            w >> 63 & 1 == 1
+        };
+        match (present, start) {
+            (true, None) => start = Some(i),
+            (false, Some(a)) => {
+                runs.push((a, i));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    runs
 }
 
 /// mremap moved `[from, from + len)` to `to`: the kernel moved the present pages; staged
@@ -272,6 +315,14 @@ fn transfer(s: &Shared, old: &RegionInner, lo: usize, hi: usize, new: &Arc<Regio
 /// Moves `n` staged pages from `old`'s mirror at `from` to `new`'s mirror at `to`; a page
 /// that cannot move is copied.
 fn move_mirror(s: &Shared, old: &RegionInner, from: usize, new: &RegionInner, to: usize, n: usize) {
+    // Holes in the old mirror are staged zero pages: the new mirror reads the same there.
+    // Present runs only, without ALLOW_SRC_HOLES (see `move_out`).
+    for (a, b) in present_runs(old.mirror_addr(from), n) {
+        move_mirror_run(s, old, from + a, new, to + a, b - a);
+    }
+}
+
+fn move_mirror_run(s: &Shared, old: &RegionInner, from: usize, new: &RegionInner, to: usize, n: usize) {
     let mut k = 0;
     while k < n {
         // SAFETY: locked staged pages: their only copy is in `old`'s mirror, which only the
@@ -282,7 +333,7 @@ fn move_mirror(s: &Shared, old: &RegionInner, from: usize, new: &RegionInner, to
                 old.mirror_addr(from + k),
                 (n - k) * PAGE_SIZE,
                 true,
-                true,
+                false,
             )
         };
         match res {
@@ -300,6 +351,8 @@ fn move_mirror(s: &Shared, old: &RegionInner, from: usize, new: &RegionInner, to
                 }
                 k += 1;
             }
+            // A hole after all (a staged zero page): the new mirror reads zeros there too.
+            Err(uffd::Error::NoPage { done_bytes, .. }) => k += done_bytes / PAGE_SIZE + 1,
             Err(e) => crate::fault::fatal(&format!("cannot follow an mremap'd staged page: {e}")),
         }
     }

@@ -687,3 +687,4 @@ mod tests {
         assert!(!e.to_string().contains("POISON"));
     }
 }
+
