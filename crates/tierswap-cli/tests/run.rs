@@ -376,12 +376,8 @@ fn a_fault_thread_that_cannot_serve_aborts_naming_tierswap() {
 /// A program that closes the pager's userfaultfd behind the shim's back (the raw system
 /// call) leaves the pager unable to serve faults: the process must end with SIGABRT and a
 /// message naming tierswap, not hang and not run on with wrong bytes.
-///
-/// Fails today (hangs, killed after 20 s): the fault threads' poll sees POLLNVAL on the
-/// closed descriptor, treats it as "nothing to read" and spins; the engine must treat
-/// POLLNVAL (and EBADF from read) as fatal. Ignored until the engine does.
+/// (The fault threads' poll sees POLLNVAL on the closed descriptor: that is fatal.)
 #[test]
-#[ignore = "needs the engine to abort on POLLNVAL/EBADF from its userfaultfd (fault.rs / uffd.rs poll_readable)"]
 fn losing_the_userfaultfd_aborts_naming_tierswap() {
     let dir = TestDir::new("rawclose");
     let prog = compile(&dir, "closefds");

@@ -1,5 +1,5 @@
 //! `tierswap bench --workload stress`: 20 s with 4 threads, with every fault injection kind
-//! and without any (and, ignored for now, with the program's madvise/mremap/munmap). Every byte read is compared with the stress model inside the binary;
+//! and without any (and with the program's madvise/mremap/munmap). Every byte read is compared with the stress model inside the binary;
 //! here we check its report: no wrong byte, no hang, every SIGBUS a page the engine logged
 //! as poisoned (and the other way round), every injection seen in the engine's counters,
 //! and every path of the engine exercised. Also: the watchdog ends a stuck run with exit 3,
@@ -124,10 +124,9 @@ fn stress_without_injection_is_exact() {
 }
 
 /// Every op, the program's madvise(DONTNEED) / mremap / munmap of managed memory included.
-/// Ignored until the engine's event handling stops hanging under this load (RELIABILITY.md,
-/// known issues): the watchdog ends such a run with exit 3 within seconds to minutes.
+/// (This hung within minutes while the engine moved discarded ranges with hole-allowing
+/// UFFDIO_MOVEs; the watchdog would end such a run with exit 3.)
 #[test]
-#[ignore = "the engine hangs with events under stress (RELIABILITY.md known issues); run with --ignored"]
 fn stress_with_program_events_is_exact() {
     let (code, v, text) = stress("events", &["--threads", "4", "--duration", "20s", "--seed", "5", "--ops", "all"]);
     assert_eq!(code, Some(0), "{text}");

@@ -79,8 +79,14 @@ pub extern "C" fn mremap(
     new_addr: *mut c_void,
 ) -> *mut c_void {
     let new_addr = if flags & libc::MREMAP_FIXED != 0 { new_addr as usize } else { 0 };
+    let page = |n: usize| n.div_ceil(4096) * 4096;
+    let grows = page(new_len) > page(old_len) && crate::is_managed(old as usize);
     // SAFETY: the program's own mremap call, forwarded unchanged.
-    raw::syscall_result(unsafe { raw::mremap(old as usize, old_len, new_len, flags, new_addr) }) as *mut c_void
+    let res = raw::syscall_result(unsafe { raw::mremap(old as usize, old_len, new_len, flags, new_addr) });
+    if grows && res as *mut c_void != libc::MAP_FAILED {
+        crate::adopt_grown(res as usize + page(old_len), page(new_len) - page(old_len));
+    }
+    res as *mut c_void
 }
 
 /// madvise(2), passed through, except MADV_FREE on managed memory, which becomes

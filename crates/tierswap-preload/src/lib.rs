@@ -105,6 +105,18 @@ pub(crate) fn map_managed(len_bytes: usize) -> Option<usize> {
     }
 }
 
+/// Hands the pager the tail `[addr, addr + len_bytes)` an mremap added to a managed mapping
+/// (the kernel's REMAP event tells the old length only).
+pub(crate) fn adopt_grown(addr: usize, len_bytes: usize) {
+    let Some(pager) = PAGER.get() else { return };
+    let _inside = raw::InPager::enter();
+    if let Err(e) = pager.adopt_grown(addr, len_bytes) {
+        if SETTINGS.get().is_some_and(|s| s.log) {
+            eprintln!("tierswap: cannot manage the {len_bytes} bytes an mremap added at {addr:#x} ({e}); they stay unmanaged");
+        }
+    }
+}
+
 /// Whether `addr` is in memory the pager manages (false in a fork child: the pager's locks
 /// may have been held by a thread that does not exist there).
 pub(crate) fn is_managed(addr: usize) -> bool {

@@ -618,6 +618,11 @@ pub fn poll_fds(fds: &[RawFd], timeout_ms: i32) -> Result<u32> {
         }
         return Err(map_errno("poll", errno, 0));
     }
+    // A descriptor closed under us (the program closed it: POLLNVAL) would make every poll
+    // return at once, and its faults could never be served: an error, not a spin.
+    if p[..n].iter().any(|slot| slot.revents & libc::POLLNVAL != 0) {
+        return Err(map_errno("poll", libc::EBADF, 0));
+    }
     let mut ready = 0;
     for (k, slot) in p[..n].iter().enumerate() {
         if slot.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0 {
@@ -687,4 +692,3 @@ mod tests {
         assert!(!e.to_string().contains("POISON"));
     }
 }
-
