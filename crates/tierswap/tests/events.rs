@@ -253,7 +253,12 @@ fn mremap_move_grow_and_shrink_carry_every_page() {
     check_zero(grown, n..2 * n);
     fill(grown, n..2 * n, 22);
     check(grown, n..2 * n, 22);
-    // The tail is unmanaged (zero pages) until the shim hands it over.
+    // The tail is unmanaged (zero pages) until the shim hands it over. A fault thread counts
+    // its fault after waking the program, so the last one may still be on its way.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while p.stats().counters.faults_unmanaged < n as u64 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     assert_eq!(p.stats().counters.faults_unmanaged, n as u64);
     assert!(p.adopt_grown(grown + n * PAGE, n * PAGE).is_ok());
     assert!(p.adopt_grown(grown + n * PAGE, n * PAGE).is_err(), "adopted twice");
