@@ -89,8 +89,7 @@ pub fn run(plan: &Plan, engines: &mut [Box<dyn Engine>], log: &mut dyn FnMut(&st
             // ABBA: the engine that goes first in a round pays for memory the host took
             // back since the last round (measured here: up to 20 % on the refault), so the
             // order reverses every round.
-            let order: Vec<usize> =
-                if run % 2 == 0 { live.clone() } else { live.iter().rev().copied().collect() };
+            let order: Vec<usize> = if run % 2 == 0 { live.clone() } else { live.iter().rev().copied().collect() };
             for &i in &order {
                 if interrupted() {
                     out.interrupted = true;

@@ -474,7 +474,13 @@ fn redis_benchmark(port: u16, spec: &RedisSpec) -> Result<f64, String> {
         })
 }
 
-fn one_run(setup: Setup, spec: &RedisSpec, round: usize, sys: &mut Option<System>, bar: &indicatif::ProgressBar) -> RedisRun {
+fn one_run(
+    setup: Setup,
+    spec: &RedisSpec,
+    round: usize,
+    sys: &mut Option<System>,
+    bar: &indicatif::ProgressBar,
+) -> RedisRun {
     let mut r = RedisRun { setup: setup.name().into(), run: round, ..Default::default() };
     if let Err(e) = one_run_inner(setup, spec, round, sys, bar, &mut r) {
         r.error = Some(e);
@@ -598,7 +604,12 @@ impl Drop for Cleanup {
 }
 
 /// BGSAVE, wait for it, load the RDB into a fresh unconstrained server and compare every value.
-fn bgsave_and_check(c: &mut Client, spec: &RedisSpec, dir: &Path, bar: &indicatif::ProgressBar) -> Result<bool, String> {
+fn bgsave_and_check(
+    c: &mut Client,
+    spec: &RedisSpec,
+    dir: &Path,
+    bar: &indicatif::ProgressBar,
+) -> Result<bool, String> {
     let io = |e: std::io::Error| format!("BGSAVE: {e}");
     match c.call(&[b"BGSAVE"]).map_err(io)? {
         Reply::Simple(_) => {}
@@ -726,7 +737,8 @@ pub fn table(spec: &RedisSpec, runs: &[RedisRun]) -> String {
         "{:<14} {:>8} {:>9} {:>10} {:>11} {:>9} {:>12} {:>12} {:>7}\n",
         "setup", "load s", "verify s", "mismatch", "GET rps", "ts÷", "peak MiB", "tsfp MiB", "BGSAVE"
     );
-    let ts_rps = median(runs.iter().filter(|r| r.setup == "tierswap" && r.error.is_none()).map(|r| r.get_rps).collect());
+    let ts_rps =
+        median(runs.iter().filter(|r| r.setup == "tierswap" && r.error.is_none()).map(|r| r.get_rps).collect());
     for setup in &spec.setups {
         let ok: Vec<&RedisRun> = runs.iter().filter(|r| r.setup == setup.name() && r.error.is_none()).collect();
         let rps = median(ok.iter().map(|r| r.get_rps).collect());
@@ -741,7 +753,10 @@ pub fn table(spec: &RedisSpec, runs: &[RedisRun]) -> String {
             ts_rps / rps,
             median(ok.iter().map(|r| r.peak_bytes as f64).collect()) / (1u64 << 20) as f64,
             if fp.is_empty() { "-".to_string() } else { format!("{:.1}", median(fp) / (1u64 << 20) as f64) },
-            match (ok.iter().filter(|r| r.bgsave_ok == Some(true)).count(), ok.iter().filter(|r| r.bgsave_ok.is_some()).count()) {
+            match (
+                ok.iter().filter(|r| r.bgsave_ok == Some(true)).count(),
+                ok.iter().filter(|r| r.bgsave_ok.is_some()).count()
+            ) {
                 (_, 0) => "-".to_string(),
                 (a, b) => format!("{a}/{b}"),
             }

@@ -90,7 +90,10 @@ impl Override {
                 .filter(|us| *us <= 100_000)
                 .map(Override::SpinUs)
                 .ok_or_else(|| {
-                    format!("spin '{}' is not a number of microseconds from 0 to 100000, e.g. spin=50", value.unwrap_or(""))
+                    format!(
+                        "spin '{}' is not a number of microseconds from 0 to 100000, e.g. spin=50",
+                        value.unwrap_or("")
+                    )
                 }),
             "keep-clean" => switch(Override::KeepClean, true),
             "no-keep-clean" => switch(Override::KeepClean, false),

@@ -112,7 +112,9 @@ pub(crate) fn adopt_grown(addr: usize, len_bytes: usize) {
     let _inside = raw::InPager::enter();
     if let Err(e) = pager.adopt_grown(addr, len_bytes) {
         if SETTINGS.get().is_some_and(|s| s.log) {
-            eprintln!("tierswap: cannot manage the {len_bytes} bytes an mremap added at {addr:#x} ({e}); they stay unmanaged");
+            eprintln!(
+                "tierswap: cannot manage the {len_bytes} bytes an mremap added at {addr:#x} ({e}); they stay unmanaged"
+            );
         }
     }
 }

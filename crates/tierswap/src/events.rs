@@ -432,7 +432,8 @@ impl Child {
             return Some(Src::Slot(slot));
         }
         let buf = scratch.page.as_mut_slice();
-        let res = crate::fault::read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed, &scratch.remote);
+        let res =
+            crate::fault::read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed, &scratch.remote);
         s.swap.unlock(slot, e, e);
         match res {
             Ok(true) => Some(self.add_copy(&scratch.page.as_slice()[..PAGE_SIZE])),

@@ -978,7 +978,8 @@ pub(crate) fn read_entry(
             Ok(true)
         }
         Tag::Remote => {
-            let remote = s.remote.as_ref().ok_or_else(|| ReadFail::Corrupt("remote entry without a remote tier".into()))?;
+            let remote =
+                s.remote.as_ref().ok_or_else(|| ReadFail::Corrupt("remote entry without a remote tier".into()))?;
             let (version, len) = e.addr_len();
             remote.get_prefetched(remote_pf, slot, version, len, compressed, &s.counters).map_err(|err| {
                 s.counters.remote_read_failed.fetch_add(1, Ordering::Relaxed);
@@ -994,9 +995,7 @@ pub(crate) fn read_entry(
             s.counters.remote_in.fetch_add(1, Ordering::Relaxed);
             Ok(true)
         }
-        Tag::Free | Tag::Reserved => {
-            Err(ReadFail::Corrupt(format!("slot {slot} is {:?}, not a placed page", e.tag())))
-        }
+        Tag::Free | Tag::Reserved => Err(ReadFail::Corrupt(format!("slot {slot} is {:?}, not a placed page", e.tag()))),
     }
 }
 

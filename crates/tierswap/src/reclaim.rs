@@ -168,9 +168,7 @@ impl Reclaim {
             // Nothing left to evict: only writing the pool back can shrink the footprint.
             let below = (self.s.file.is_some() && !self.s.file_off.load(Ordering::Acquire))
                 || self.s.remote.as_ref().is_some_and(|r| !r.is_down());
-            let writeback_can = below
-                && !self.s.wb_failing.load(Ordering::Acquire)
-                && self.s.pool.stored_objects() > 0;
+            let writeback_can = below && !self.s.wb_failing.load(Ordering::Acquire) && self.s.pool.stored_objects() > 0;
             if writeback_can {
                 self.s.kick_writeback(true);
                 self.s.reclaim_stuck.store(false, Ordering::Relaxed);

@@ -260,7 +260,8 @@ impl Writeback {
             Err(err) => {
                 if !self.warned_remote_error {
                     self.warned_remote_error = true;
-                    let next = if s.file.is_some() { "writing back to the file tier" } else { "keeping pages in the pool" };
+                    let next =
+                        if s.file.is_some() { "writing back to the file tier" } else { "keeping pages in the pool" };
                     eprintln!("tierswap: remote writeback failed: {err}; {next} until the remote answers again");
                 }
                 for (slot, e) in held {

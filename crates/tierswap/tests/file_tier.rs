@@ -249,8 +249,8 @@ fn disk_pager(encrypt: bool) -> Pager {
 #[test]
 fn readahead_follows_a_sequential_refault_and_stops_on_a_random_one() {
     let n = 8192; // 32 MiB through an 8 MiB budget
-    // Readahead into staging is the order-0 path's: with large swap-in a sequential refault
-    // is served in place instead (tests/swapin.rs).
+                  // Readahead into staging is the order-0 path's: with large swap-in a sequential refault
+                  // is served in place instead (tests/swapin.rs).
     let p = Pager::new(PagerConfig {
         budget_bytes: 8 << 20,
         tiers: "zero,file".parse::<Tiers>().unwrap(),

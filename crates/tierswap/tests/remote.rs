@@ -219,7 +219,8 @@ fn a_primary_killed_during_refault_loses_nothing_with_one_replica() {
         .max_by_key(|&(_, k)| k)
         .unwrap();
     assert!(keys > 0, "the victim holds objects");
-    let pid: i32 = std::fs::read_to_string(c.dir.join(port.to_string()).join("redis.pid")).unwrap().trim().parse().unwrap();
+    let pid: i32 =
+        std::fs::read_to_string(c.dir.join(port.to_string()).join("redis.pid")).unwrap().trim().parse().unwrap();
     // SAFETY: kill(2) on the pid of a redis-server this test started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     let t0 = Instant::now();
@@ -316,7 +317,9 @@ extern "C" fn on_sigbus(_sig: i32) {
 
 #[test]
 fn stopping_the_cluster_keeps_the_program_running_on_pool_and_file() {
-    if let (Ok(dir), Ok(base)) = (std::env::var("TIERSWAP_REMOTE_CHILD_DIR"), std::env::var("TIERSWAP_REMOTE_CHILD_BASE")) {
+    if let (Ok(dir), Ok(base)) =
+        (std::env::var("TIERSWAP_REMOTE_CHILD_DIR"), std::env::var("TIERSWAP_REMOTE_CHILD_BASE"))
+    {
         return cluster_down_child(&dir, &base);
     }
     let Some(c) = Cluster::start("down", 7240) else { return };
@@ -330,7 +333,11 @@ fn stopping_the_cluster_keeps_the_program_running_on_pool_and_file() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.signal(), Some(libc::SIGBUS), "the reader of a remote-only page gets SIGBUS:\n{stdout}\n{stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGBUS),
+        "the reader of a remote-only page gets SIGBUS:\n{stdout}\n{stderr}"
+    );
     assert!(stdout.contains("cluster stopped"), "{stdout}\n{stderr}");
     let local_a = (0..1024).filter(|&pg| not_remote(pg)).count();
     assert!(

@@ -660,7 +660,11 @@ impl FileTier {
         let window = (end - start) as usize;
         assert!(window <= scratch.len(), "read scratch too small");
         let buf = &mut scratch.as_mut_slice()[..window];
-        crate::inject::read_exact_at(&self.file, buf, start).map_err(|source| FileError::Io { op: "read", offset, source })?;
+        crate::inject::read_exact_at(&self.file, buf, start).map_err(|source| FileError::Io {
+            op: "read",
+            offset,
+            source,
+        })?;
         let at = (offset - start) as usize;
         self.sealer.open_record(&buf[at..at + rec], &self.place(offset, len, slot, generation), out)
     }

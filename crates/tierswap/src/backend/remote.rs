@@ -273,9 +273,7 @@ impl RemoteTier {
                 counters.record_remote_latency(us);
                 counters.remote_round_trips.fetch_add(1, Ordering::Relaxed);
                 counters.remote_out.fetch_add(n, Ordering::Relaxed);
-                counters
-                    .remote_bytes
-                    .fetch_add(items.iter().map(|(_, p)| p.len() as u64).sum(), Ordering::Relaxed);
+                counters.remote_bytes.fetch_add(items.iter().map(|(_, p)| p.len() as u64).sum(), Ordering::Relaxed);
                 self.live_objects.fetch_add(n, Ordering::Relaxed);
                 Ok((first..first + n).collect())
             }
@@ -347,7 +345,11 @@ impl RemoteTier {
             }
             Ok(Some(_)) => Err(RemoteError::Corrupt {
                 slot,
-                source: FileError::Corrupt { offset: REMOTE_MARKER, slot, what: "object length differs from the swap entry" },
+                source: FileError::Corrupt {
+                    offset: REMOTE_MARKER,
+                    slot,
+                    what: "object length differs from the swap entry",
+                },
             }),
             Ok(None) => Err(RemoteError::Missing { slot, version }),
             Err(e) => Err(e.into()),
@@ -444,11 +446,8 @@ impl RemoteTier {
         }
         let mut keys = vec![[0u8; KEY_BYTES]; versions.len()];
         let lens: Vec<usize> = versions.iter().enumerate().map(|(i, &v)| self.key(v, &mut keys[i])).collect();
-        let cmds: Vec<Cmd<'_>> = keys
-            .iter()
-            .zip(&lens)
-            .map(|(k, &l)| Cmd { key: &k[..l], args: vec![b"UNLINK", &k[..l]] })
-            .collect();
+        let cmds: Vec<Cmd<'_>> =
+            keys.iter().zip(&lens).map(|(k, &l)| Cmd { key: &k[..l], args: vec![b"UNLINK", &k[..l]] }).collect();
         let res = self.lend().and_then(|mut lent| {
             let r = lent.client.pipeline(&cmds, None).map_err(RemoteError::from);
             self.give_back(lent);

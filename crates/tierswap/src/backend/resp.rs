@@ -190,10 +190,10 @@ impl Conn {
     /// Reads one line without its CRLF into `self.line`.
     fn read_line(&mut self) -> Result<(), RespError> {
         self.line.clear();
-        let n = self.reader.read_until(b'\n', &mut self.line).map_err(|e| RespError::Io {
-            addr: self.addr.clone(),
-            source: e,
-        })?;
+        let n = self
+            .reader
+            .read_until(b'\n', &mut self.line)
+            .map_err(|e| RespError::Io { addr: self.addr.clone(), source: e })?;
         if n == 0 {
             return Err(self.io(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed")));
         }
@@ -417,7 +417,9 @@ impl ClusterClient {
                         continue;
                     };
                     let ip = match p.first() {
-                        Some(Reply::Bulk(Some(b))) if !b.is_empty() && b != b"?" => String::from_utf8_lossy(b).into_owned(),
+                        Some(Reply::Bulk(Some(b))) if !b.is_empty() && b != b"?" => {
+                            String::from_utf8_lossy(b).into_owned()
+                        }
                         _ => host.clone(),
                     };
                     let Some(Reply::Int(port)) = p.get(1) else { continue };
