@@ -324,6 +324,11 @@ impl Reclaim {
                     // where it is.
                     (done_bytes / PAGE_SIZE, Some(PteState::Present))
                 }
+                Err(uffd::Error::BadAddress { .. }) => {
+                    // The program unmapped or moved the range (munmap / mremap): its event
+                    // is on the way and settles these ptes. Nothing to say.
+                    (0, Some(PteState::Present))
+                }
                 Err(e) => {
                     eprintln!("tierswap: staging pages at {:#x} failed: {e}", r.page_addr(i));
                     (0, Some(PteState::Present))
