@@ -626,6 +626,7 @@ fn bgsave_and_check(
         }
     }
     if info_field(c, "persistence", "rdb_last_bgsave_status").map_err(io)?.as_deref() != Some("ok") {
+        bar.println("BGSAVE failed: rdb_last_bgsave_status is not ok (the child died or could not write the RDB)");
         return Ok(false);
     }
     // A fresh server on the RDB, with no budget: what was saved is what it serves.
@@ -649,6 +650,7 @@ fn bgsave_and_check(
             }
         };
         if n as u64 != spec.keys {
+            bar.println(format!("BGSAVE: the RDB holds {n} keys, not {}", spec.keys));
             return Ok(false);
         }
         bar.set_message("RDB check: verify");

@@ -251,9 +251,26 @@ fn refuse_strict(reason: &str) -> ! {
 }
 
 fn find_libc_usable_size() {
-    // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT finds the next definition after
-    // this library's own, i.e. glibc's. dlsym may allocate: the shim is not serving yet.
-    let f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) };
+    // glibc's own, not the next one in search order: a program linked with another malloc
+    // (redis with jemalloc) has that library's malloc_usable_size first, and asking it about
+    // a glibc block crashes (a BGSAVE child did). The shim's fallback blocks are glibc's
+    // (`__libc_malloc`), so their size must come from glibc too.
+    // SAFETY: dlopen/dlsym with NUL-terminated names; RTLD_NOLOAD only looks up libc.so.6,
+    // which is loaded in every process this shim runs in. dlsym may allocate: the shim is
+    // not serving yet.
+    let f = unsafe {
+        let libc_handle = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+        let f = if libc_handle.is_null() {
+            std::ptr::null_mut()
+        } else {
+            libc::dlsym(libc_handle, c"malloc_usable_size".as_ptr())
+        };
+        if f.is_null() {
+            libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr())
+        } else {
+            f
+        }
+    };
     LIBC_USABLE_SIZE.store(f as usize, Ordering::Relaxed);
 }
 
