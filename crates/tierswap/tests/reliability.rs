@@ -505,7 +505,13 @@ fn signal_storms_reach_only_program_threads() {
         ..Default::default()
     })
     .unwrap();
-    let pager_tids: BTreeSet<i32> = thread_ids_named("tierswap");
+    // A thread names itself once it runs: wait for the two fault threads and reclaim.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut pager_tids: BTreeSet<i32> = thread_ids_named("tierswap");
+    while pager_tids.len() < 3 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+        pager_tids = thread_ids_named("tierswap");
+    }
     let n = 2048;
     let mut r = pager.region(n * PAGE, Hint::Normal).unwrap();
     let base = r.as_mut_slice().as_mut_ptr() as usize;
