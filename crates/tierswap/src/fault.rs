@@ -816,10 +816,7 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
             {
                 // The page is in the mirror but the program's range is gone (munmap, mremap
                 // handled or queued): it stays staged for the event handler.
-                for k in i..to {
-                    let old = r.ptes.load(k);
-                    r.ptes.unlock(k, old, old);
-                }
+                unlock_unchanged(r, i, to);
                 stop = true;
                 0
             }
@@ -829,10 +826,7 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
                 // ENOENT with the page in the mirror: the destination is gone (an mremap or
                 // munmap whose event is not handled yet). Leave the rest staged.
                 let done = done_bytes / PAGE_SIZE;
-                for k in i + done..to {
-                    let old = r.ptes.load(k);
-                    r.ptes.unlock(k, old, old);
-                }
+                unlock_unchanged(r, i + done, to);
                 stop = true;
                 done
             }
@@ -858,10 +852,7 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
                 // on the program's userfaultfd. Leave the rest staged; the woken thread
                 // faults again once the event is handled.
                 let done = done_bytes / PAGE_SIZE;
-                for k in i + done..to {
-                    let old = r.ptes.load(k);
-                    r.ptes.unlock(k, old, old);
-                }
+                unlock_unchanged(r, i + done, to);
                 stop = true;
                 done
             }
@@ -878,10 +869,7 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
             {
                 // The program's range is gone (munmap, mremap): the pages stay staged for
                 // the event handler, which frees or moves them.
-                for k in i..to {
-                    let old = r.ptes.load(k);
-                    r.ptes.unlock(k, old, old);
-                }
+                unlock_unchanged(r, i, to);
                 stop = true;
                 0
             }
@@ -1064,5 +1052,13 @@ fn arm_poison(s: &Shared, addr: usize) -> bool {
         Err(uffd::Error::ProcessGone { .. }) => false,
         Err(uffd::Error::NoPage { .. } | uffd::Error::Invalid { .. } | uffd::Error::Again { .. }) => true,
         Err(e) => fatal(&format!("cannot poison unreadable page {addr:#x}: {e}")),
+    }
+}
+
+/// Unlocks ptes `[from, to)` as they are (work left for a later fault).
+fn unlock_unchanged(r: &RegionInner, from: usize, to: usize) {
+    for k in from..to {
+        let old = r.ptes.load(k);
+        r.ptes.unlock(k, old, old);
     }
 }

@@ -81,6 +81,40 @@ pub(crate) fn writeback_thread(s: Arc<Shared>) {
     }
 }
 
+/// What [`claim_pool_slot`] found.
+enum Claim {
+    /// The slot's pool object, its entry locked: the caller writes it back.
+    Got(SwapEntry),
+    /// Not a pool object (any more): nothing to do.
+    Skip,
+    /// A pool object to write back later: busy, or given a second chance.
+    LeftBehind,
+}
+
+/// Locks `slot` for writeback if it holds a pool object that was not referenced since the
+/// last pass; a referenced one loses its bit instead (second chance).
+fn claim_pool_slot(s: &Shared, slot: u64) -> Claim {
+    let e = s.swap.load(slot);
+    if e.tag() != Tag::Pool {
+        return Claim::Skip;
+    }
+    if e.locked() {
+        return Claim::LeftBehind;
+    }
+    let Some(e) = s.swap.try_lock(slot) else {
+        return Claim::LeftBehind;
+    };
+    if e.tag() != Tag::Pool {
+        s.swap.unlock(slot, e, e);
+        return Claim::Skip;
+    }
+    if e.referenced() {
+        s.swap.unlock(slot, e, e.with_referenced(false));
+        return Claim::LeftBehind;
+    }
+    Claim::Got(e)
+}
+
 impl Writeback {
     pub(crate) fn new(s: Arc<Shared>) -> std::io::Result<Writeback> {
         let writer = match s.file {
@@ -120,25 +154,14 @@ impl Writeback {
         'clusters: for &cid in &clusters {
             let mut left_behind = false;
             for slot in SwapSpace::cluster_slots(cid) {
-                let e = s.swap.load(slot);
-                if e.tag() != Tag::Pool || e.locked() {
-                    left_behind |= e.tag() == Tag::Pool;
-                    continue;
-                }
-                let Some(e) = s.swap.try_lock(slot) else {
-                    left_behind = true;
-                    continue;
+                let e = match claim_pool_slot(&s, slot) {
+                    Claim::Got(e) => e,
+                    Claim::Skip => continue,
+                    Claim::LeftBehind => {
+                        left_behind = true;
+                        continue;
+                    }
                 };
-                if e.tag() != Tag::Pool {
-                    s.swap.unlock(slot, e, e);
-                    continue;
-                }
-                if e.referenced() {
-                    // Second chance.
-                    s.swap.unlock(slot, e, e.with_referenced(false));
-                    left_behind = true;
-                    continue;
-                }
                 let (h, len) = e.addr_len();
                 let Some(handle) = PoolHandle::from_raw(h) else {
                     s.swap.unlock(slot, e, e);
@@ -193,25 +216,14 @@ impl Writeback {
         for &cid in &clusters {
             let mut left_behind = false;
             for slot in SwapSpace::cluster_slots(cid) {
-                let e = s.swap.load(slot);
-                if e.tag() != Tag::Pool || e.locked() {
-                    left_behind |= e.tag() == Tag::Pool;
-                    continue;
-                }
-                let Some(e) = s.swap.try_lock(slot) else {
-                    left_behind = true;
-                    continue;
+                let e = match claim_pool_slot(&s, slot) {
+                    Claim::Got(e) => e,
+                    Claim::Skip => continue,
+                    Claim::LeftBehind => {
+                        left_behind = true;
+                        continue;
+                    }
                 };
-                if e.tag() != Tag::Pool {
-                    s.swap.unlock(slot, e, e);
-                    continue;
-                }
-                if e.referenced() {
-                    // Second chance.
-                    s.swap.unlock(slot, e, e.with_referenced(false));
-                    left_behind = true;
-                    continue;
-                }
                 if PoolHandle::from_raw(e.addr_len().0).is_none() {
                     s.swap.unlock(slot, e, e);
                     continue;
