@@ -26,12 +26,20 @@ fn script() -> PathBuf {
 }
 
 impl Cluster {
-    /// Starts a cluster on ports `base..base+6`, or None (with the reason printed) when
-    /// redis-server is not installed.
-    fn start(name: &str, base: u16) -> Option<Cluster> {
-        if Command::new("redis-server").arg("--version").output().is_err() {
-            eprintln!("SKIPPED: redis-server is not installed (scripts/setup.sh installs it)");
-            return None;
+    /// Starts a cluster on ports `base..base+6`. Servers an earlier run of these tests left
+    /// on those ports (a test process killed before its guard ran) are shut down first.
+    fn start(name: &str, base: u16) -> Cluster {
+        assert!(
+            Command::new("redis-server").arg("--version").output().is_ok(),
+            "redis-server is not installed (scripts/setup.sh installs it)"
+        );
+        for port in base..base + 6 {
+            let p = port.to_string();
+            let dir = Command::new("redis-cli").args(["-p", &p, "config", "get", "dir"]).output();
+            if dir.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("tierswap-redis-")) {
+                eprintln!("shutting down a server an earlier test run left on port {port}");
+                let _ = Command::new("redis-cli").args(["-p", &p, "shutdown", "nosave"]).output();
+            }
         }
         let dir = std::env::temp_dir().join(format!("tierswap-redis-{name}-{}", std::process::id()));
         let out = Command::new(script()).arg("start").arg(&dir).arg(base.to_string()).output().unwrap();
@@ -46,7 +54,7 @@ impl Cluster {
         let url = String::from_utf8_lossy(&out.stdout).trim().to_string();
         c.seeds = url.trim_start_matches("redis://").split(',').map(str::to_string).collect();
         assert_eq!(c.seeds.len(), 6, "six nodes: {url}");
-        Some(c)
+        c
     }
 
     fn stop(&self) {
@@ -152,7 +160,7 @@ fn evict_to_writeback(p: &Pager) -> Stats {
 
 #[test]
 fn pages_round_trip_through_the_cluster_every_byte() {
-    let Some(c) = Cluster::start("roundtrip", 7200) else { return };
+    let c = Cluster::start("roundtrip", 7200);
     let p = Pager::new(config(&c, false, 0, 3)).unwrap();
     let n = 4096;
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
@@ -204,7 +212,7 @@ fn pages_round_trip_through_the_cluster_every_byte() {
 
 #[test]
 fn a_primary_killed_during_refault_loses_nothing_with_one_replica() {
-    let Some(c) = Cluster::start("failover", 7220) else { return };
+    let c = Cluster::start("failover", 7220);
     let p = Pager::new(config(&c, false, 1, 30)).unwrap();
     let n = 8192;
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
@@ -322,7 +330,7 @@ fn stopping_the_cluster_keeps_the_program_running_on_pool_and_file() {
     {
         return cluster_down_child(&dir, &base);
     }
-    let Some(c) = Cluster::start("down", 7240) else { return };
+    let c = Cluster::start("down", 7240);
     use std::os::unix::process::ExitStatusExt;
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "stopping_the_cluster_keeps_the_program_running_on_pool_and_file", "--nocapture"])

@@ -18,6 +18,9 @@ use std::time::Duration;
 pub const CLUSTER_SLOTS: usize = 16384;
 /// Redirection rounds a pipeline follows before giving up.
 const MAX_REDIRECT_ROUNDS: usize = 4;
+/// [`Conn::read_bulk_into`]'s protocol error for a value longer than the caller's buffer
+/// (read whole and dropped, so the connection stays in step).
+const TOO_LONG: &str = "value longer than expected";
 
 /// A client error. `Io` and `Down` mean "try again later"; the others are answers.
 #[derive(Debug, thiserror::Error)]
@@ -131,11 +134,18 @@ fn push_header(out: &mut Vec<u8>, kind: u8, n: usize) {
 
 /// One connection to one node. Its buffers are kept between commands, so a GET on the
 /// fault path allocates nothing once the connection exists.
+///
+/// `owed` counts the replies the server still has to send for commands queued here. Any
+/// error part-way through a pipeline (a timeout, a node that failed while another's
+/// replies were unread) leaves it above zero, and [`Cluster::conn`] then replaces the
+/// connection instead of lending it out: a reply is never read as the answer to a later
+/// command.
 pub struct Conn {
     addr: String,
     reader: BufReader<TcpStream>,
     wbuf: Vec<u8>,
     line: Vec<u8>,
+    owed: usize,
 }
 
 impl Conn {
@@ -156,6 +166,7 @@ impl Conn {
             reader: BufReader::with_capacity(64 << 10, stream),
             wbuf: Vec::with_capacity(64 << 10),
             line: Vec::with_capacity(128),
+            owed: 0,
         })
     }
 
@@ -171,6 +182,13 @@ impl Conn {
     /// Queues a command; nothing is sent until [`Conn::flush`].
     pub fn queue(&mut self, args: &[&[u8]]) {
         encode(&mut self.wbuf, args);
+        self.owed += 1;
+    }
+
+    /// Whether every reply of every queued command has been read (the next reply read
+    /// answers the next command queued).
+    pub fn in_step(&self) -> bool {
+        self.owed == 0 && self.wbuf.is_empty()
     }
 
     /// Sends the queued commands.
@@ -217,6 +235,13 @@ impl Conn {
 
     /// Reads one reply.
     pub fn read_reply(&mut self) -> Result<Reply, RespError> {
+        let r = self.parse_reply()?;
+        self.owed = self.owed.saturating_sub(1);
+        Ok(r)
+    }
+
+    /// One reply, arrays recursively; counts nothing (see [`Conn::read_reply`]).
+    fn parse_reply(&mut self) -> Result<Reply, RespError> {
         self.read_line()?;
         let kind = *self.line.first().ok_or_else(|| self.protocol("empty line"))?;
         match kind {
@@ -239,7 +264,7 @@ impl Conn {
                 }
                 let mut items = Vec::with_capacity(n.min(1 << 16) as usize);
                 for _ in 0..n {
-                    items.push(self.read_reply()?);
+                    items.push(self.parse_reply()?);
                 }
                 Ok(Reply::Array(Some(items)))
             }
@@ -262,6 +287,15 @@ impl Conn {
     /// line such as MOVED). A bulk string longer than `out` is read and dropped, and
     /// reported as a protocol error.
     pub fn read_bulk_into(&mut self, out: &mut [u8]) -> Result<Result<Option<usize>, Reply>, RespError> {
+        let r = self.parse_bulk_into(out);
+        // A value too long for `out` was read whole: the stream is still in step.
+        if matches!(r, Ok(_) | Err(RespError::Protocol { what: TOO_LONG, .. })) {
+            self.owed = self.owed.saturating_sub(1);
+        }
+        r
+    }
+
+    fn parse_bulk_into(&mut self, out: &mut [u8]) -> Result<Result<Option<usize>, Reply>, RespError> {
         self.read_line()?;
         match self.line.first() {
             Some(b'$') => {
@@ -273,7 +307,7 @@ impl Conn {
                 if n > out.len() {
                     let mut sink = vec![0u8; n];
                     self.read_exact_crlf(&mut sink)?;
-                    return Err(self.protocol("value longer than expected"));
+                    return Err(self.protocol(TOO_LONG));
                 }
                 self.read_exact_crlf(&mut out[..n])?;
                 Ok(Ok(Some(n)))
@@ -286,7 +320,7 @@ impl Conn {
                 let n = self.line_int()?;
                 let mut items = Vec::new();
                 for _ in 0..n.max(0) {
-                    items.push(self.read_reply()?);
+                    items.push(self.parse_reply()?);
                 }
                 Ok(Err(Reply::Array((n >= 0).then_some(items))))
             }
@@ -454,11 +488,25 @@ impl ClusterClient {
 
     /// The connection to `addr`, opened on first use.
     pub fn conn(&mut self, addr: &str) -> Result<&mut Conn, RespError> {
+        // A connection that owes replies (an earlier pipeline stopped part-way) would answer
+        // the next command with an older command's reply: it is replaced.
+        if self.conns.get(addr).is_some_and(|c| !c.in_step()) {
+            self.conns.remove(addr);
+        }
         if !self.conns.contains_key(addr) {
             let c = Conn::connect(addr, self.timeout)?;
             self.conns.insert(addr.to_string(), c);
         }
         Ok(self.conns.get_mut(addr).expect("inserted above"))
+    }
+
+    /// The connection to `addr` a pipeline wrote to, to read its replies (it owes them, so
+    /// [`Cluster::conn`] would replace it).
+    fn owing_conn(&mut self, addr: &str) -> Result<&mut Conn, RespError> {
+        self.conns.get_mut(addr).ok_or_else(|| RespError::Io {
+            addr: addr.to_string(),
+            source: io::Error::new(io::ErrorKind::NotConnected, "connection lost between writing and reading"),
+        })
     }
 
     /// Forgets a connection after an error (its stream may hold half a reply).
@@ -585,7 +633,7 @@ impl ClusterClient {
         let mut stale = false;
         for &node in order {
             let Some(addr) = addr_of(node) else { continue };
-            let conn = self.conn(addr).map_err(|e| (addr.to_string(), e))?;
+            let conn = self.owing_conn(addr).map_err(|e| (addr.to_string(), e))?;
             for (i, k) in keys.iter().enumerate() {
                 if node_of_map(slot_node, k) != node {
                     continue;
@@ -595,7 +643,7 @@ impl ClusterClient {
                     Ok(Ok(n)) => got[i] = n,
                     Ok(Err(Reply::Error(msg))) if redirect_of(&msg).is_some() => stale = true,
                     Ok(Err(_)) => {}
-                    Err(RespError::Protocol { what: "value longer than expected", .. }) => {}
+                    Err(RespError::Protocol { what: TOO_LONG, .. }) => {}
                     Err(e) => return Err((addr.to_string(), e)),
                 }
             }
@@ -660,7 +708,7 @@ impl ClusterClient {
             let mut moved = false;
             for (node, group) in groups {
                 let res = (|| -> Result<(), RespError> {
-                    let conn = self.conn(&node)?;
+                    let conn = self.owing_conn(&node)?;
                     for &(i, asking) in &group {
                         if asking {
                             conn.read_reply()?;
@@ -782,5 +830,93 @@ mod tests {
         assert_eq!(redirect_of("ASK 3999 127.0.0.1:6381"), Some(Redirect::Ask("127.0.0.1:6381".into())));
         assert_eq!(redirect_of("CLUSTERDOWN The cluster is down"), Some(Redirect::Retry));
         assert_eq!(redirect_of("ERR wrong number of arguments"), None);
+    }
+
+    /// A listener on a free loopback port for [`serve`].
+    fn fake_node() -> (std::net::TcpListener, String) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        (l, addr)
+    }
+
+    /// A fake cluster node, to test the client's own stream handling: it answers CLUSTER
+    /// SLOTS with `map` (slots 0..8191 on the first node, the rest on the second) and GET
+    /// with the key itself as the value, or, when `close_on_get`, hangs up instead.
+    fn serve(l: std::net::TcpListener, map: [String; 2], close_on_get: bool) {
+        std::thread::spawn(move || {
+            for stream in l.incoming() {
+                let Ok(stream) = stream else { return };
+                let map = map.clone();
+                std::thread::spawn(move || {
+                    let mut w = stream.try_clone().unwrap();
+                    let mut r = BufReader::new(stream);
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let n: usize = line.trim_end()[1..].parse().unwrap();
+                        let mut args = Vec::new();
+                        for _ in 0..n {
+                            line.clear();
+                            r.read_line(&mut line).unwrap();
+                            let len: usize = line.trim_end()[1..].parse().unwrap();
+                            let mut a = vec![0u8; len + 2];
+                            r.read_exact(&mut a).unwrap();
+                            a.truncate(len);
+                            args.push(a);
+                        }
+                        let reply = match args[0].as_slice() {
+                            b"CLUSTER" => {
+                                let node = |a: &str| {
+                                    let (h, p) = a.rsplit_once(':').unwrap();
+                                    format!("*2\r\n${}\r\n{h}\r\n:{p}\r\n", h.len())
+                                };
+                                format!("*2\r\n*3\r\n:0\r\n:8191\r\n{}*3\r\n:8192\r\n:16383\r\n{}", node(&map[0]), node(&map[1]))
+                                    .into_bytes()
+                            }
+                            b"GET" if close_on_get => return,
+                            b"GET" => {
+                                let mut v = format!("${}\r\n", args[1].len()).into_bytes();
+                                v.extend_from_slice(&args[1]);
+                                v.extend_from_slice(b"\r\n");
+                                v
+                            }
+                            _ => b"-ERR unknown\r\n".to_vec(),
+                        };
+                        w.write_all(&reply).unwrap();
+                    }
+                });
+            }
+        });
+    }
+
+    /// Regression: a pipelined GET over two nodes whose first node failed left the second
+    /// node's replies unread, and the next GET on that node got an older key's value (the
+    /// remote tier then reported a corrupt object and the reader got SIGBUS).
+    #[test]
+    fn a_pipeline_that_fails_part_way_never_hands_out_an_older_reply() {
+        let (la, a) = fake_node();
+        let (lb, b) = fake_node();
+        serve(la, [a.clone(), b.clone()], true);
+        serve(lb, [a.clone(), b.clone()], false);
+        let mut c = ClusterClient::connect(std::slice::from_ref(&a), Duration::from_secs(2)).unwrap();
+        let on_b: Vec<Vec<u8>> =
+            (0..).map(|i| format!("k{i}").into_bytes()).filter(|k| key_slot(k) >= 8192).take(3).collect();
+        let on_a = (0..).map(|i| format!("k{i}").into_bytes()).find(|k| key_slot(k) < 8192).unwrap();
+        assert_eq!(c.node_for(&on_a).unwrap(), a);
+        assert_eq!(c.node_for(&on_b[0]).unwrap(), b);
+
+        let keys: [&[u8]; 3] = [&on_a, &on_b[0], &on_b[1]];
+        let mut buf = vec![0u8; 3 * 64];
+        let mut got = [None; 3];
+        assert!(c.get_many_into(&keys, &mut buf, 64, &mut got).is_err(), "the first node hung up");
+        // The second node still owes two replies on that connection.
+        let mut out = [0u8; 64];
+        let n = c.get_into(&on_b[2], &mut out).unwrap().unwrap();
+        assert_eq!(&out[..n], &on_b[2][..], "the value of the key asked for, not an earlier reply");
+        let n = c.get_into(&on_b[0], &mut out).unwrap().unwrap();
+        assert_eq!(&out[..n], &on_b[0][..]);
     }
 }
