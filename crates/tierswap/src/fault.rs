@@ -39,6 +39,9 @@ pub(crate) struct Scratch {
     pub(crate) unit: UnitCache,
     /// Remote objects of the swap-in range, fetched in one round trip per node.
     pub(crate) remote: RemotePrefetch,
+    /// Serving in the faulting thread (signal mode): no readahead after the fault, which
+    /// would delay the program instead of running beside it.
+    pub(crate) in_thread: bool,
 }
 
 impl Scratch {
@@ -51,6 +54,7 @@ impl Scratch {
             compressed: vec![0u8; PAGE_SIZE],
             unit: UnitCache::new(unit_bytes)?,
             remote: RemotePrefetch::new(max_pages),
+            in_thread: false,
         })
     }
 }
@@ -127,6 +131,45 @@ pub(crate) fn fault_thread(s: Arc<Shared>) {
             }
         }
     }
+}
+
+/// Serves a fault of a signal-mode pager in the faulting thread ([`crate::sigbus`]):
+/// `access` is (write, protection) from the CPU when known. Returns whether the address is
+/// this pager's (the signal then needs nothing more: the access is retried). `pass` 0 looks
+/// in the region map; 1 first waits out the events being handled (a region an mremap just
+/// moved); 2 tries a zero page, which succeeds only on a range registered on this pager's
+/// userfaultfd (memory an mremap grew, which stays unmanaged as in thread mode).
+pub(crate) fn serve_in_thread(s: &Shared, addr: usize, access: Option<(bool, bool)>, pass: u32) -> bool {
+    let page_addr = addr & !(PAGE_SIZE - 1);
+    if pass == 2 {
+        return match s.uffd.zeropage(page_addr, PAGE_SIZE, true) {
+            Ok(_) => {
+                s.counters.faults_unmanaged.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            // Ours, and present already or changing: the retry sorts it out.
+            Err(uffd::Error::PageExist { .. } | uffd::Error::Again { .. }) => true,
+            Err(_) => false,
+        };
+    }
+    if pass == 1 {
+        s.sync_events();
+    }
+    let Lookup::Region(r, idx) = s.lookup(page_addr) else { return false };
+    let (write, protection) = access.unwrap_or_else(|| {
+        // No error code: a present page in our table means a write-protect fault.
+        let pte = r.ptes.load(idx);
+        (true, pte.state() == PteState::Present && !pte.is_poisoned())
+    });
+    drop(r);
+    s.counters.faults_in_thread.fetch_add(1, Ordering::Relaxed);
+    if protection {
+        handle_wp_fault(s, addr);
+    } else {
+        let mut scratch = s.signal_scratch();
+        handle_fault(s, addr, write, &mut scratch);
+    }
+    true
 }
 
 /// Serves faults on mirrors: only the pager reads mirrors, and only pages it staged; a
@@ -221,7 +264,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             finish_fault(s, t0);
             // The program runs again only now: its pte and the counters are final.
             let _ = s.uffd.wake(r.page_addr(first), n * PAGE_SIZE);
-            if tag == Some(Tag::File) && n == 1 {
+            if tag == Some(Tag::File) && n == 1 && !scratch.in_thread {
                 // The program runs again already; read its likely next pages meanwhile.
                 // (A large swap-in is its own prefetch: reading ahead past it would stage
                 // the stream's next pages, each then costing a fault of its own.)
