@@ -4,18 +4,19 @@
 //!
 //! Syntax: `ENGINE[:SETTING[:SETTING…]]`, with SETTING one of `policy=locality|order0|always`,
 //! `swapin-max=SIZE` (4K to 2M, a power of two), and the switches `fault-around`,
-//! `workingset`, `keep-clean`, `encrypt`, each also as `no-…`. Examples:
+//! `workingset`, `keep-clean`, `encrypt`, each also as `no-…`, `spin=US` and
+//! `fault=thread|signal`, `compressor=lz4|zstd|zstd-LEVEL`. Examples:
 //! `tierswap:policy=order0`, `tierswap:no-fault-around:swapin-max=2M`. No brackets, no
 //! spaces: the list goes through a shell unquoted. The entry's text is its label in the
 //! table, the JSON and the plots. This module owns parsing and applying; it makes no engine.
 
-use tierswap::{PagerConfig, SwapinPolicy};
+use tierswap::{Compressor, FaultMode, PagerConfig, SwapinPolicy};
 
 use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
@@ -38,6 +39,10 @@ pub enum Override {
     SpinUs(u32),
     /// `encrypt` / `no-encrypt`.
     Encrypt(bool),
+    /// `fault=thread|signal`: who serves a fault.
+    Fault(FaultMode),
+    /// `compressor=…`: the pool's compressor.
+    Compressor(Compressor),
 }
 
 impl Override {
@@ -51,6 +56,8 @@ impl Override {
             Override::KeepClean(on) => config.keep_clean = on,
             Override::Encrypt(on) => config.encrypt = on,
             Override::SpinUs(us) => config.fault_spin_us = us,
+            Override::Fault(m) => config.fault_mode = m,
+            Override::Compressor(c) => config.compressor = c,
         }
     }
 
@@ -95,6 +102,18 @@ impl Override {
                         value.unwrap_or("")
                     )
                 }),
+            "fault" => {
+                let v = value.ok_or_else(|| needs("signal"))?;
+                v.parse::<FaultMode>()
+                    .map(Override::Fault)
+                    .map_err(|_| format!("fault '{v}' is not a fault mode: use fault=thread or fault=signal"))
+            }
+            "compressor" => {
+                let v = value.ok_or_else(|| needs("zstd"))?;
+                v.parse::<Compressor>().map(Override::Compressor).map_err(|_| {
+                    format!("compressor '{v}' is not a compressor: use compressor=lz4, zstd or zstd-LEVEL (1 to 19)")
+                })
+            }
             "keep-clean" => switch(Override::KeepClean, true),
             "no-keep-clean" => switch(Override::KeepClean, false),
             "encrypt" => switch(Override::Encrypt, true),
@@ -231,6 +250,12 @@ mod tests {
         assert!(parse("tierswap:fault-around").unwrap().pager(&base).fault_around, "a variant can switch back on");
         assert_eq!(parse("tierswap:swapin-max=4K").unwrap().overrides, vec![Override::SwapinMaxPages(1)]);
         assert_eq!(parse("tierswap:policy=always").unwrap().overrides, vec![Override::Policy(SwapinPolicy::Always)]);
+        let v = parse("tierswap:fault=signal").unwrap();
+        assert_eq!(v.pager(&PagerConfig::default()).fault_mode, FaultMode::Signal);
+        let c = parse("tierswap:compressor=zstd-3").unwrap().pager(&PagerConfig::default()).compressor;
+        assert_eq!(c, Compressor::Zstd { level: 3 });
+        let base = PagerConfig { fault_mode: FaultMode::Signal, ..Default::default() };
+        assert_eq!(parse("tierswap:fault=thread").unwrap().pager(&base).fault_mode, FaultMode::Thread);
     }
 
     #[test]
@@ -248,6 +273,9 @@ mod tests {
         assert!(err("tierswap:swapin-max=lots").contains("swapin-max 'lots' is not a size"));
         assert!(err("tierswap:no-encrypt=yes").contains("'no-encrypt' is a switch"));
         assert!(err("tierswap::no-encrypt").contains("empty setting"));
+        assert!(err("tierswap:fault=fast").contains("fault=thread or fault=signal"));
+        assert!(err("tierswap:compressor=zstd-40").contains("zstd-LEVEL (1 to 19)"));
+        assert!(err("tierswap:fault").contains("needs a value, e.g. fault=signal"));
         assert!(err("kernel-zswap:policy=order0").contains("tierswap only"));
         assert!(err("zfs:policy=order0").contains("unknown engine 'zfs'"));
         assert!(err("tierswap[policy=order0]").contains("tierswap:policy=order0"));

@@ -220,7 +220,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             // The region lost this page to an UNMAP / REMAP handled since our lookup, and
             // the address may belong to a new mapping by now: fault again and find it.
             r.ptes.unlock(idx, old, old);
-            let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+            s.wake(page_addr, PAGE_SIZE);
             return;
         }
         PteState::None => {
@@ -238,7 +238,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             // fault again): re-arm the marker (EEXIST: still there) and let it take SIGBUS.
             // A zero page here would quietly turn a lost page into zeros.
             arm_poison(s, page_addr);
-            let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+            s.wake(page_addr, PAGE_SIZE);
             r.ptes.unlock(idx, old, old);
             return;
         }
@@ -255,7 +255,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             s.counters.faults_staged.fetch_add(1, Ordering::Relaxed);
             finish_fault(s, t0);
             if let Some((from, to)) = woken {
-                let _ = s.uffd.wake(r.page_addr(from), (to - from) * PAGE_SIZE);
+                s.wake(r.page_addr(from), (to - from) * PAGE_SIZE);
             }
             return;
         }
@@ -263,7 +263,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             let (tag, first, n) = swap_in(s, &r, idx, old, write, scratch);
             finish_fault(s, t0);
             // The program runs again only now: its pte and the counters are final.
-            let _ = s.uffd.wake(r.page_addr(first), n * PAGE_SIZE);
+            s.wake(r.page_addr(first), n * PAGE_SIZE);
             if tag == Some(Tag::File) && n == 1 && !scratch.in_thread {
                 // The program runs again already; read its likely next pages meanwhile.
                 // (A large swap-in is its own prefetch: reading ahead past it would stage
@@ -280,7 +280,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
     };
     r.ptes.unlock(idx, old, new);
     finish_fault(s, t0);
-    let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+    s.wake(page_addr, PAGE_SIZE);
 }
 
 /// One page of a swap-in range, from probe to install.
@@ -588,7 +588,7 @@ fn workingset_refault(s: &Shared, slot: u64, new: Pte) -> Pte {
 fn handle_wp_fault(s: &Shared, addr: usize) {
     let page_addr = addr & !(PAGE_SIZE - 1);
     let Lookup::Region(r, idx) = s.lookup(page_addr) else {
-        let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+        s.wake(page_addr, PAGE_SIZE);
         return;
     };
     s.counters.faults_wp.fetch_add(1, Ordering::Relaxed);
@@ -599,7 +599,7 @@ fn handle_wp_fault(s: &Shared, addr: usize) {
     if !s.maps(&r, page_addr) {
         // Cut from the region since the lookup (see handle_fault): fault again.
         r.ptes.unlock(idx, first, first);
-        let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+        s.wake(page_addr, PAGE_SIZE);
         return;
     }
     locked[idx - block_start] = Some(first);
@@ -637,7 +637,7 @@ fn handle_wp_fault(s: &Shared, addr: usize) {
         }
     }
     // Wakes the writer: it retries, and takes a missing-page fault if its page was staged.
-    let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+    s.wake(page_addr, PAGE_SIZE);
 }
 
 /// Reads the disk-backed pages among `[from, to)` into staging (marked read-ahead), where
@@ -755,7 +755,7 @@ fn unknown_fault(s: &Shared, page_addr: usize, write: bool) {
     }
     if let Lookup::Region(..) = s.lookup(page_addr) {
         // Managed now: let the thread fault again and be served as usual.
-        let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+        s.wake(page_addr, PAGE_SIZE);
         return;
     }
     if install_zero(s, page_addr, write, false) {
@@ -769,14 +769,14 @@ fn settle_install(s: &Shared, addr: usize, res: uffd::Result<usize>) -> bool {
     match res {
         Ok(_) => true,
         Err(uffd::Error::PageExist { .. }) => {
-            let _ = s.uffd.wake(addr, PAGE_SIZE);
+            s.wake(addr, PAGE_SIZE);
             true
         }
         Err(uffd::Error::ProcessGone { .. }) => false,
         Err(e) => {
             // The address is no longer mapped (region dropped) or the mm is changing; wake
             // whoever waits so that it retries the access.
-            let _ = s.uffd.wake(addr, PAGE_SIZE);
+            s.wake(addr, PAGE_SIZE);
             // EAGAIN: an event is queued; the woken thread faults again after it.
             if !matches!(e, uffd::Error::NoPage { .. } | uffd::Error::Invalid { .. } | uffd::Error::Again { .. }) {
                 eprintln!("tierswap: installing a page at {addr:#x} failed: {e}");
@@ -797,7 +797,7 @@ fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) -> Option<(usize, usi
     if first.state() != PteState::Staged {
         // Someone else moved it meanwhile: just make sure the waiter wakes.
         r.ptes.unlock(idx, first, first);
-        let _ = s.uffd.wake(r.page_addr(idx), PAGE_SIZE);
+        s.wake(r.page_addr(idx), PAGE_SIZE);
         return None;
     }
     let mut locked = [false; BLOCK_PAGES];
@@ -881,7 +881,7 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
             }
             Err(uffd::Error::PageExist { done_bytes, .. }) => {
                 let at = i + done_bytes / PAGE_SIZE;
-                let _ = s.uffd.wake(r.page_addr(at), PAGE_SIZE);
+                s.wake(r.page_addr(at), PAGE_SIZE);
                 done_bytes / PAGE_SIZE + 1
             }
             Err(uffd::Error::Again { done_bytes, .. }) if done_bytes > 0 || again < 4 => {
@@ -1079,7 +1079,7 @@ fn poison(s: &Shared, addr: usize, slot: u64, fail: &ReadFail) {
         "tierswap: page at {addr:#x} (slot {slot}) cannot be read back ({fail}); the accessing thread gets SIGBUS"
     );
     if arm_poison(s, addr) {
-        let _ = s.uffd.wake(addr, PAGE_SIZE);
+        s.wake(addr, PAGE_SIZE);
     }
 }
 

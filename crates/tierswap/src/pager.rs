@@ -326,6 +326,14 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Wakes the threads waiting for a fault in `[addr, addr + len)` to be served. In
+    /// signal mode nobody waits (a faulting thread serves itself), so it costs nothing.
+    pub(crate) fn wake(&self, addr: usize, len: usize) {
+        if self.config.fault_mode == FaultMode::Thread {
+            let _ = self.uffd.wake(addr, len);
+        }
+    }
+
     /// A free signal-mode fault buffer ([`Shared::signal_scratch`]).
     pub(crate) fn signal_scratch(&self) -> std::sync::MutexGuard<'_, crate::fault::Scratch> {
         loop {
