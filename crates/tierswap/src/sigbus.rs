@@ -22,7 +22,7 @@
 //! [`serve`] first (or chain to the previous handler) for signals it does not expect.
 
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Once, OnceLock};
 
 use crate::pager::Shared;
@@ -30,15 +30,21 @@ use crate::pager::Shared;
 /// Most pagers in signal mode at once in one process.
 pub const MAX_PAGERS: usize = 32;
 
-/// One registered pager: the `Shared` (a strong reference leaked into the table) and how
-/// many handlers are looking at it right now (unregistering waits for them).
+/// One registered pager: the `Shared` (a strong reference leaked into the table), how
+/// many handlers are looking at it right now (unregistering waits for them), and the
+/// process it serves.
 struct Entry {
     shared: AtomicPtr<Shared>,
     users: AtomicUsize,
+    /// The pid that registered it. A forked child inherits the table but not the pager's
+    /// threads, and its pager's userfaultfd installs pages in the *parent*: the child's
+    /// handler must leave those entries alone.
+    pid: AtomicI32,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
-const EMPTY: Entry = Entry { shared: AtomicPtr::new(ptr::null_mut()), users: AtomicUsize::new(0) };
+const EMPTY: Entry =
+    Entry { shared: AtomicPtr::new(ptr::null_mut()), users: AtomicUsize::new(0), pid: AtomicI32::new(0) };
 static PAGERS: [Entry; MAX_PAGERS] = [EMPTY; MAX_PAGERS];
 
 static INSTALL: Once = Once::new();
@@ -50,7 +56,15 @@ static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 pub(crate) fn register(shared: &Arc<Shared>) -> std::io::Result<usize> {
     install()?;
     let raw = Arc::into_raw(shared.clone()) as *mut Shared;
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
     for (i, e) in PAGERS.iter().enumerate() {
+        // The pid is in place before the pointer is: a handler that sees the pointer sees it.
+        // (Registrations racing for a free place are of one process: they store one pid.)
+        if !e.shared.load(Ordering::SeqCst).is_null() {
+            continue;
+        }
+        e.pid.store(pid, Ordering::SeqCst);
         if e.shared.compare_exchange(ptr::null_mut(), raw, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
             return Ok(i);
         }
@@ -147,12 +161,15 @@ pub unsafe fn serve(info: *const libc::siginfo_t, ctx: *mut libc::c_void) -> boo
     }
     // SAFETY: the caller's contract.
     let access = unsafe { access_of(ctx) };
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
     // Known regions first; then, for each pager, once the events in flight are handled
     // (an mremap's new range), and last as memory it registered but does not track.
     for pass in 0..3 {
         for e in &PAGERS {
             e.users.fetch_add(1, Ordering::SeqCst);
             let raw = e.shared.load(Ordering::SeqCst);
+            let raw = if e.pid.load(Ordering::SeqCst) == pid { raw } else { ptr::null_mut() };
             // SAFETY: a non-null pointer in the table is a live strong reference, and
             // `unregister` waits for `users` to drop to zero before releasing it.
             let served = !raw.is_null() && crate::fault::serve_in_thread(unsafe { &*raw }, addr, access, pass);

@@ -269,3 +269,43 @@ fn a_sigbus_that_is_not_a_pagers_reaches_the_programs_handler() {
     assert!(stdout.contains(&format!("program handler: si_code {}", libc::BUS_ADRERR)), "{stdout}");
     assert!(!stdout.contains("read past the end"), "{stdout}");
 }
+
+/// Signal mode does not serve a forked child (its userfaultfd has no fault thread and the
+/// parent's pager must not install pages for it): the child reads what was present at the
+/// fork, and a touch of a swapped-out page ends it with SIGBUS, never with wrong bytes and
+/// never touching the parent, whose memory stays whole.
+#[test]
+fn a_forked_child_gets_sigbus_on_swapped_pages_and_the_parent_is_untouched() {
+    let p = pager(8 << 20, "zero,pool");
+    let n = 256;
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    for pg in 0..n {
+        fill_page(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 9);
+    }
+    p.evict_all();
+    assert!(page_matches(&r.as_slice()[..PAGE], 0, 9), "page 0 is back in the parent");
+    let base = r.as_ptr() as usize;
+    // SAFETY: the child only reads memory and calls _exit (async-signal-safe).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: reads of the region, then _exit.
+        unsafe {
+            let w = std::ptr::read_volatile((base + 8) as *const u64);
+            if w != 1 + 9 {
+                libc::_exit(3);
+            }
+            let _ = std::ptr::read_volatile((base + (n - 1) * PAGE) as *const u64);
+            libc::_exit(4);
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGBUS,
+        "the child read page 0 and died of SIGBUS on a swapped page: status {status:#x}"
+    );
+    let bad = (0..n).filter(|&pg| !page_matches(&r.as_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 9)).count();
+    assert_eq!(bad, 0, "the parent's memory is whole");
+}
