@@ -337,6 +337,9 @@ fn swap_in(
     }
     let (first, end) = if pages > 1 { range_of(idx, pages, r.n_pages) } else { (idx, idx + 1) };
     let n = end - first;
+    // A lone page with no readahead to follow (random access, or served in the faulting
+    // thread) reads only its record's pages from the file, not the whole unit.
+    scratch.unit.whole = n > 1 || (!scratch.in_thread && r.ra.window() > 1);
     let plan = &mut scratch.plan;
     plan.clear();
     plan.resize(n, Planned::SKIP);
@@ -644,6 +647,7 @@ fn handle_wp_fault(s: &Shared, addr: usize) {
 /// their first touch finds them in memory. Pages in other tiers, shared by fork, or busy
 /// are left alone: readahead is a guess and never waits.
 fn read_ahead(s: &Shared, r: &RegionInner, from: usize, to: usize, scratch: &mut Scratch) {
+    scratch.unit.whole = true;
     let mut read = 0u64;
     let mut last_block = usize::MAX;
     for j in from..to {
