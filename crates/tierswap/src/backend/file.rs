@@ -391,8 +391,9 @@ pub struct UnitCache {
     /// Read whole units on a miss (the default: a range or a readahead wants them). Off,
     /// a miss reads only the pages holding the record (one 4–8 KiB direct read instead of
     /// 64 KiB: ~130 µs against ~280 µs on this machine's disk) unless the last whole unit
-    /// read served a second record: lone faults that land near each other (a stride)
-    /// keep reading whole units, scattered ones read only what they need.
+    /// read served a second record, or the last two lone reads fell in one unit: lone
+    /// faults that land near each other (a stride) read whole units, scattered ones read
+    /// only what they need.
     pub whole: bool,
     /// The copy in the buffer is a whole unit.
     holds_whole: bool,
@@ -720,17 +721,20 @@ impl FileTier {
             && at + rec <= cache.valid_bytes;
         if !hit {
             assert!(cache.buf.len() >= self.unit_bytes, "unit cache smaller than a unit");
+            let same_unit = cache.valid_bytes > 0 && cache.unit == unit;
             if cache.valid_bytes > 0 && cache.holds_whole {
                 // A whole unit is being replaced: did it pay for itself?
                 cache.whole_pays = cache.reused;
-            } else if cache.valid_bytes > 0 && cache.unit == unit {
-                // Two lone reads in one unit: the whole unit would have served both.
+            }
+            cache.holds_whole = cache.whole || cache.whole_pays;
+            if same_unit && !cache.holds_whole {
+                // Two lone reads in one unit: the whole unit would have served both. This
+                // read stays small; the next unit is read whole.
                 cache.whole_pays = true;
             }
             cache.valid_bytes = 0;
             cache.reused = false;
             // The whole unit, or the aligned pages holding this record (direct IO).
-            cache.holds_whole = cache.whole || cache.whole_pays;
             let (lo, hi) = if cache.holds_whole {
                 (0, self.unit_bytes)
             } else {
@@ -1123,14 +1127,15 @@ mod tests {
                 let (hit, span) = read(&mut cache, u, 7);
                 assert!(!hit && span <= 2 * PAGE_SIZE, "unit {u}: {span} bytes read for one record");
             }
-            // Neighbours: a second lone read in the same unit reads the whole unit.
-            assert_eq!(read(&mut cache, 3, 15), (false, t.unit_bytes()), "outside record 7's pages");
-            // That copy served nothing more: the next unit starts with the record's pages,
-            // its second record reads the whole unit, and that serves all the rest.
-            assert!(read(&mut cache, 4, 0).1 <= 2 * PAGE_SIZE);
-            assert_eq!(read(&mut cache, 4, 1), (false, t.unit_bytes()));
-            let hits = (2..20).filter(|&i| read(&mut cache, 4, i).0).count();
-            assert_eq!(hits, 18, "the whole unit served its neighbours");
+            // Neighbours: a second lone read in one unit stays small, and the next unit
+            // is read whole; that copy serves the rest of its records.
+            let (hit, span) = read(&mut cache, 3, 15);
+            assert!(!hit && span <= 2 * PAGE_SIZE, "outside record 7's pages");
+            assert_eq!(read(&mut cache, 4, 0), (false, t.unit_bytes()));
+            let hits = (1..20).filter(|&i| read(&mut cache, 4, i).0).count();
+            assert_eq!(hits, 19, "the whole unit served its neighbours");
+            // It paid, so the next unit is read whole too.
+            assert_eq!(read(&mut cache, 2, 0), (false, t.unit_bytes()));
             // Forced whole (a range): always the whole unit.
             // (Unit 5 is the file's tail: shorter on disk than a unit.)
             cache.whole = true;
