@@ -364,3 +364,118 @@ fn stopping_the_cluster_keeps_the_program_running_on_pool_and_file() {
     assert!((300..10_000).contains(&ms), "retried with backoff (100 + 200 ms), then gave up: {line}");
     assert!(stderr.contains("remote tier") && stderr.contains("SIGBUS"), "the log says why: {stderr}");
 }
+
+/// Samples the footprint every millisecond until dropped; `max()` is the highest seen (or
+/// noted by the pager itself).
+struct FootprintSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<(Stats, u64)>>,
+}
+
+impl FootprintSampler {
+    fn start(p: &std::sync::Arc<Pager>) -> FootprintSampler {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (p, s) = (p.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut worst = p.stats();
+            let mut samples = 0;
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                let st = p.stats();
+                samples += 1;
+                if st.footprint > worst.footprint {
+                    worst = st;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            (worst, samples)
+        });
+        FootprintSampler { stop, thread: Some(thread) }
+    }
+
+    /// The stats at the highest footprint sampled, and the number of samples.
+    fn finish(mut self) -> (Stats, u64) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for FootprintSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Stops (SIGSTOP) every server of `c` for `for_ms` when told to, then lets them go on.
+fn stall_cluster_on_signal(c: &Cluster, for_ms: u64) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let pids: Vec<i32> = c
+        .ports()
+        .map(|pt| {
+            std::fs::read_to_string(c.dir.join(pt.to_string()).join("redis.pid")).unwrap().trim().parse().unwrap()
+        })
+        .collect();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let h = std::thread::spawn(move || {
+        if rx.recv().is_err() {
+            return;
+        }
+        for &pid in &pids {
+            // SAFETY: kill(2) on the pid of a redis-server this test started.
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+        }
+        std::thread::sleep(Duration::from_millis(for_ms));
+        for &pid in &pids {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+        }
+    });
+    (tx, h)
+}
+
+#[test]
+fn the_footprint_stays_under_the_budget_with_only_the_remote_below_the_pool() {
+    let c = Cluster::start("footprint", 7260);
+    let budget: u64 = 32 << 20;
+    // The lab's usama_1g ratios: data 4 x budget, pool limit 1/8 of it; no file tier.
+    let cfg = PagerConfig { budget_bytes: budget, pool_max_bytes: Some(budget / 8), ..config(&c, false, 0, 3) };
+    let p = std::sync::Arc::new(Pager::new(cfg).unwrap());
+    let n = (4 * budget) as usize / PAGE;
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    // Every server stops answering for 1.5 s (longer than a round trip's timeout) while a
+    // quarter of the data is in: a batch on the wire fails, the remote is marked down and
+    // retried; the program waits for room meanwhile instead of growing past the budget.
+    let (stall, staller) = stall_cluster_on_signal(&c, 1500);
+    let sampler = FootprintSampler::start(&p);
+    {
+        let mem = r.as_mut_slice();
+        for (pg, page) in mem.chunks_exact_mut(PAGE).enumerate() {
+            if pg == n / 4 {
+                stall.send(()).unwrap();
+            }
+            page_content(8, pg, false, page);
+        }
+    }
+    staller.join().unwrap();
+    let (bad, checked) = mismatches(&r, 8, false, |_| true);
+    let (worst, samples) = sampler.finish();
+    let st = p.stats();
+    let peak = worst.footprint.max(st.counters.footprint_max);
+    eprintln!(
+        "{samples} samples; footprint peak {:.4} x budget (present {} staged {} pool {} B, remote {}); remote_out {} remote_in {} remote_errors {} throttled_faults {}",
+        peak as f64 / budget as f64,
+        worst.present_pages,
+        worst.staged_pages,
+        worst.pool_total_size,
+        worst.remote_pages,
+        st.counters.remote_out,
+        st.counters.remote_in,
+        st.counters.remote_errors,
+        st.counters.throttled_faults
+    );
+    assert_eq!((bad, checked), (0, n), "every byte came back");
+    assert!(samples > 100, "sampled all along: {samples}");
+    assert!(peak as f64 <= 1.05 * budget as f64, "footprint peak {peak} over 1.05 x budget {budget}: {worst:?}");
+    assert!(st.counters.remote_errors > 0, "the stall was felt: {st:?}");
+    assert!(st.counters.remote_out > 0 && st.counters.remote_in > 0, "{st:?}");
+    assert!(st.counters.throttled_faults > 0, "faults waited for room: {st:?}");
+    assert_eq!(st.counters.over_budget_events, 0, "the pager never gave up on the budget: {st:?}");
+}
