@@ -4,7 +4,9 @@
 //!
 //! Syntax: `ENGINE[:SETTING[:SETTING…]]`, with SETTING one of `policy=locality|order0|always`,
 //! `swapin-max=SIZE` (4K to 2M, a power of two), and the switches `fault-around`,
-//! `workingset`, `keep-clean`, `encrypt`, each also as `no-…`. Examples:
+//! `workingset`, `keep-clean`, `encrypt`, each also as `no-…`, and `tiers=zero+pool+file`
+//! (local tiers, '+' between them: the variant drops a remote tier the flags gave, so the
+//! remote and the file tier run side by side). Examples:
 //! `tierswap:policy=order0`, `tierswap:no-fault-around:swapin-max=2M`. No brackets, no
 //! spaces: the list goes through a shell unquoted. The entry's text is its label in the
 //! table, the JSON and the plots. This module owns parsing and applying; it makes no engine.
@@ -15,7 +17,7 @@ use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US, tiers=zero+pool+file";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
@@ -38,6 +40,8 @@ pub enum Override {
     SpinUs(u32),
     /// `encrypt` / `no-encrypt`.
     Encrypt(bool),
+    /// `tiers=zero+pool+file`: these local tiers and no remote tier.
+    LocalTiers(tierswap::Tiers),
 }
 
 impl Override {
@@ -51,6 +55,10 @@ impl Override {
             Override::KeepClean(on) => config.keep_clean = on,
             Override::Encrypt(on) => config.encrypt = on,
             Override::SpinUs(us) => config.fault_spin_us = us,
+            Override::LocalTiers(t) => {
+                config.tiers = t;
+                config.remote = None;
+            }
         }
     }
 
@@ -95,6 +103,13 @@ impl Override {
                         value.unwrap_or("")
                     )
                 }),
+            "tiers" => {
+                let v = value.ok_or_else(|| needs("zero+pool+file"))?;
+                v.replace('+', ",")
+                    .parse::<tierswap::Tiers>()
+                    .map(Override::LocalTiers)
+                    .map_err(|e| format!("tiers '{v}': {e} (local tiers joined by '+', e.g. tiers=zero+pool+file)"))
+            }
             "keep-clean" => switch(Override::KeepClean, true),
             "no-keep-clean" => switch(Override::KeepClean, false),
             "encrypt" => switch(Override::Encrypt, true),
@@ -231,6 +246,21 @@ mod tests {
         assert!(parse("tierswap:fault-around").unwrap().pager(&base).fault_around, "a variant can switch back on");
         assert_eq!(parse("tierswap:swapin-max=4K").unwrap().overrides, vec![Override::SwapinMaxPages(1)]);
         assert_eq!(parse("tierswap:policy=always").unwrap().overrides, vec![Override::Policy(SwapinPolicy::Always)]);
+    }
+
+    #[test]
+    fn a_tiers_variant_runs_on_local_tiers_only() {
+        let (tiers, remote) = tierswap::parse_tiers("zero,pool,remote=redis://127.0.0.1:7300").unwrap();
+        let base = PagerConfig { tiers, remote, ..Default::default() };
+        let v = parse("tierswap:tiers=zero+pool+file").unwrap();
+        assert_eq!(v.label(), "tierswap:tiers=zero+pool+file");
+        let c = v.pager(&base);
+        assert_eq!(c.tiers, tierswap::Tiers { zero: true, pool: true, file: true });
+        assert_eq!(c.remote, None, "the variant drops the flags' remote tier");
+        assert!(base.remote.is_some(), "the base keeps it");
+        let e = parse("tierswap:tiers=zero+disk").unwrap_err();
+        assert!(e.contains("disk") && e.contains("zero+pool+file"), "{e}");
+        assert!(parse("tierswap:tiers").unwrap_err().contains("tiers=zero+pool+file"));
     }
 
     #[test]
