@@ -479,3 +479,105 @@ fn the_footprint_stays_under_the_budget_with_only_the_remote_below_the_pool() {
     assert!(st.counters.throttled_faults > 0, "faults waited for room: {st:?}");
     assert_eq!(st.counters.over_budget_events, 0, "the pager never gave up on the budget: {st:?}");
 }
+
+/// The primaries of `c` as (port, node id, slot ranges).
+fn primaries(c: &Cluster) -> Vec<(u16, String, Vec<(u16, u16)>)> {
+    let nodes = c.cli(c.base, &["cluster", "nodes"]);
+    let mut out = Vec::new();
+    for line in nodes.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.len() < 8 || !w[2].contains("master") || w[2].contains("fail") {
+            continue;
+        }
+        let port: u16 = w[1].split('@').next().unwrap().rsplit(':').next().unwrap().parse().unwrap();
+        let ranges = w[8..]
+            .iter()
+            .filter(|r| !r.starts_with('['))
+            .map(|r| match r.split_once('-') {
+                Some((a, b)) => (a.parse().unwrap(), b.parse().unwrap()),
+                None => (r.parse().unwrap(), r.parse().unwrap()),
+            })
+            .collect();
+        out.push((port, w[0].to_string(), ranges));
+    }
+    out
+}
+
+#[test]
+fn pages_come_back_while_their_slot_migrates_between_primaries() {
+    use tierswap::backend::resp::key_slot;
+    let c = Cluster::start("ask", 7280);
+    let p = Pager::new(config(&c, false, 0, 3)).unwrap();
+    let n = 4096;
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    fill(&mut r, 9, false);
+    let st = evict_to_writeback(&p);
+    assert_eq!(st.remote_pages, n as u64, "every page is remote: {st:?}");
+
+    // The hash slot holding the most of our objects (512 versions share one).
+    let mut client = ClusterClient::connect(&c.seeds, Duration::from_secs(2)).unwrap();
+    let keys = client.scan_keys(b"ts:*").unwrap();
+    assert_eq!(keys.len(), n);
+    let mut by_slot: std::collections::BTreeMap<u16, Vec<Vec<u8>>> = Default::default();
+    for k in keys {
+        by_slot.entry(key_slot(&k)).or_default().push(k);
+    }
+    let (&slot, slot_keys) = by_slot.iter().max_by_key(|(_, v)| v.len()).unwrap();
+    assert!(slot_keys.len() >= 64, "a slot with a batch's objects: {}", slot_keys.len());
+    let prim = primaries(&c);
+    assert_eq!(prim.len(), 3, "{prim:?}");
+    let owns = |ranges: &[(u16, u16)]| ranges.iter().any(|&(a, b)| (a..=b).contains(&slot));
+    let (src_port, src_id, _) = prim.iter().find(|(_, _, r)| owns(r)).unwrap().clone();
+    let (dst_port, dst_id, _) = prim.iter().find(|(pt, _, _)| *pt != src_port).unwrap().clone();
+
+    // Start moving the slot, and move half its keys: the other half stays on the source,
+    // which answers ASK for the moved ones (the slot map still names the source).
+    let s = slot.to_string();
+    assert_eq!(c.cli(dst_port, &["cluster", "setslot", &s, "importing", &src_id]).trim(), "OK");
+    assert_eq!(c.cli(src_port, &["cluster", "setslot", &s, "migrating", &dst_id]).trim(), "OK");
+    let moved: Vec<&Vec<u8>> = slot_keys.iter().step_by(2).collect();
+    let mut args: Vec<String> = ["migrate", "127.0.0.1", &dst_port.to_string(), "", "0", "5000", "KEYS"]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+    args.extend(moved.iter().map(|k| String::from_utf8(k.to_vec()).unwrap()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(c.cli(src_port, &args).trim(), "OK");
+    let on = |port: u16| c.cli(port, &["cluster", "countkeysinslot", &s]).trim().parse::<usize>().unwrap();
+    assert_eq!(on(dst_port), moved.len(), "the moved keys are on the destination");
+    assert_eq!(on(src_port), slot_keys.len() - moved.len(), "the rest is still on the source");
+    let ask = c.cli(src_port, &["get", std::str::from_utf8(moved[0]).unwrap()]);
+    assert!(ask.contains("ASK"), "the source redirects a moved key: {ask}");
+
+    // Every page reads back, the moved ones through ASK (prefetch and single GETs alike).
+    let (bad, checked) = mismatches(&r, 9, false, |_| true);
+    let st = p.stats();
+    assert_eq!((bad, checked), (0, n), "every byte came back across the migration: {st:?}");
+    assert_eq!(st.counters.remote_in, n as u64);
+    assert_eq!(st.counters.remote_read_failed, 0);
+
+    // Finish the migration; then new pages round-trip and the pager's cleanup finds every key.
+    let mut rest: Vec<String> = ["migrate", "127.0.0.1", &dst_port.to_string(), "", "0", "5000", "KEYS"]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+    let left = c.cli(src_port, &["cluster", "getkeysinslot", &s, "100000"]);
+    rest.extend(left.lines().map(str::to_string).filter(|l| !l.is_empty()));
+    if rest.len() > 7 {
+        let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
+        c.cli(src_port, &rest);
+    }
+    for port in [dst_port, src_port] {
+        assert_eq!(c.cli(port, &["cluster", "setslot", &s, "node", &dst_id]).trim(), "OK");
+    }
+    fill(&mut r, 10, false);
+    let st = evict_to_writeback(&p);
+    assert_eq!(st.remote_pages, n as u64);
+    let (bad, checked) = mismatches(&r, 10, false, |_| true);
+    assert_eq!((bad, checked), (0, n), "every byte came back after the slot moved: {:?}", p.stats());
+    fill(&mut r, 11, false);
+    evict_to_writeback(&p);
+    drop(r);
+    drop(p);
+    assert_eq!(c.all_keys(), 0, "the pager's keys are gone after it exits");
+}
