@@ -581,3 +581,59 @@ fn pages_come_back_while_their_slot_migrates_between_primaries() {
     drop(p);
     assert_eq!(c.all_keys(), 0, "the pager's keys are gone after it exits");
 }
+
+#[test]
+fn a_cluster_gone_for_good_without_a_file_tier_costs_the_budget_not_the_program() {
+    let c = Cluster::start("gone", 7250);
+    let budget: u64 = 32 << 20;
+    let cfg = PagerConfig { budget_bytes: budget, pool_max_bytes: Some(budget / 8), ..config(&c, false, 0, 3) };
+    let p = std::sync::Arc::new(Pager::new(cfg).unwrap());
+    let n_a = 2048;
+    let mut a = p.region(n_a * PAGE, Hint::Normal).unwrap();
+    fill(&mut a, 12, false);
+    let st = evict_to_writeback(&p);
+    assert!(st.remote_pages > 0, "{st:?}");
+    c.stop();
+    let t_stop = Instant::now();
+
+    // Four budgets of new data while no server answers: the pool is the only place for it
+    // (about two budgets compressed). Within the grace faults wait for the remote; then
+    // the program goes on over budget (counted) instead of hanging.
+    let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(Duration, u64)>::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (p, samples, stop) = (p.clone(), samples.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let f = p.footprint_bytes();
+                samples.lock().unwrap().push((t_stop.elapsed(), f));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let n_b = (4 * budget) as usize / PAGE;
+    let mut b = p.region(n_b * PAGE, Hint::Normal).unwrap();
+    fill(&mut b, 13, false);
+    let filled = t_stop.elapsed();
+    let (bad, checked) = mismatches(&b, 13, false, |_| true);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    sampler.join().unwrap();
+    let st = p.stats();
+    let samples = samples.lock().unwrap();
+    let grace = tierswap::backend::remote::WRITE_GRACE;
+    let within: u64 = samples.iter().filter(|(t, _)| *t < grace).map(|&(_, f)| f).max().unwrap();
+    let after: u64 = samples.iter().map(|&(_, f)| f).max().unwrap();
+    eprintln!(
+        "filled in {filled:?}; footprint within the grace {:.3} x budget, afterwards {:.3}; over_budget_events {}",
+        within as f64 / budget as f64,
+        after as f64 / budget as f64,
+        st.counters.over_budget_events
+    );
+    assert_eq!((bad, checked), (0, n_b), "every byte of the new data came back");
+    assert!(filled >= grace, "faults waited for the remote through the grace: {filled:?}");
+    assert!(filled < grace + Duration::from_secs(30), "then the program went on: {filled:?}");
+    assert!(within as f64 <= 1.05 * budget as f64, "within the grace the budget held: {within}");
+    assert!(after > budget, "afterwards the data (two budgets compressed) is over it: {after}");
+    assert!(st.counters.over_budget_events > 0, "going over budget is counted: {st:?}");
+    drop(a);
+}
