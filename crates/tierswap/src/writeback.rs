@@ -271,7 +271,13 @@ impl Writeback {
         match res {
             Ok(versions) => {
                 s.wb_failing.store(false, Ordering::Release);
-                remote.mark_written();
+                if let Some(outage) = remote.mark_written() {
+                    if self.warned_remote_error {
+                        // The next outage is worth a line of its own.
+                        self.warned_remote_error = false;
+                        eprintln!("tierswap: the remote tier takes writes again after {} ms", outage.as_millis());
+                    }
+                }
                 let n = held.len();
                 for ((slot, e), version) in held.into_iter().zip(versions) {
                     let (h, len) = e.addr_len();

@@ -253,11 +253,6 @@ impl RemoteTier {
         BatchInFlight(&self.batches_in_flight)
     }
 
-    /// Whether no write has failed since the last batch written.
-    pub fn healthy(&self) -> bool {
-        self.health.lock().unwrap_or_else(|e| e.into_inner()).failing_since.is_none()
-    }
-
     fn mark_down(&self) {
         let mut h = self.health.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
@@ -267,11 +262,12 @@ impl RemoteTier {
 
     /// Ends an outage: a batch was written ([`RemoteTier::put_batch`] leaves this to its
     /// caller, which first says writeback works again, so nobody sees a healthy remote
-    /// whose writeback still counts as failing).
-    pub fn mark_written(&self) {
+    /// whose writeback still counts as failing). Returns how long the outage it ended
+    /// lasted, if there was one.
+    pub fn mark_written(&self) -> Option<Duration> {
         let mut h = self.health.lock().unwrap_or_else(|e| e.into_inner());
         h.down_until = None;
-        h.failing_since = None;
+        h.failing_since.take().map(|t| t.elapsed())
     }
 
     fn lend(&self) -> Result<Lent, RemoteError> {
