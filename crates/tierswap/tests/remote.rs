@@ -480,8 +480,11 @@ fn the_footprint_stays_under_the_budget_with_only_the_remote_below_the_pool() {
     assert_eq!(st.counters.over_budget_events, 0, "the pager never gave up on the budget: {st:?}");
 }
 
-/// The primaries of `c` as (port, node id, slot ranges).
-fn primaries(c: &Cluster) -> Vec<(u16, String, Vec<(u16, u16)>)> {
+/// A primary: port, node id, slot ranges (first, last).
+type Primary = (u16, String, Vec<(u16, u16)>);
+
+/// The primaries of `c`.
+fn primaries(c: &Cluster) -> Vec<Primary> {
     let nodes = c.cli(c.base, &["cluster", "nodes"]);
     let mut out = Vec::new();
     for line in nodes.lines() {
