@@ -425,6 +425,19 @@ impl Reclaim {
         let mut any_clean = false;
         for i in start..end {
             if let Some(old) = r.ptes.try_lock_in(i, PteState::Staged) {
+                let old = match old.kept_slot() {
+                    Some(kept) if !self.kept_copy_reachable(kept) => {
+                        // Its only other copy is on a remote that is failing: evicting it
+                        // clean would leave it there alone. It goes out like a written page.
+                        crate::fault::put_slot(&self.s, kept);
+                        r.ptes.unlock(i, old, old.without_kept_slot());
+                        match r.ptes.try_lock_in(i, PteState::Staged) {
+                            Some(p) => p,
+                            None => continue,
+                        }
+                    }
+                    _ => old,
+                };
                 if old.kept_slot().is_some() {
                     clean[i - start] = true;
                     any_clean = true;
@@ -549,6 +562,12 @@ impl Reclaim {
         self.s.counters.swpout_clean.fetch_add(evicted as u64, Ordering::Relaxed);
         self.s.swap.note_evictions(evicted as u64);
         evicted
+    }
+
+    /// Whether a clean page's kept slot can stand for it: its copy is in memory or on the
+    /// file, or on a remote that has not failed since its last batch written.
+    fn kept_copy_reachable(&self, slot: u64) -> bool {
+        self.s.swap.load(slot).tag() != Tag::Remote || self.s.remote.as_ref().is_some_and(|r| r.healthy())
     }
 
     fn place(&self, slot: u64, e: SwapEntry) {

@@ -640,3 +640,33 @@ fn a_cluster_gone_for_good_without_a_file_tier_costs_the_budget_not_the_program(
     assert!(st.counters.over_budget_events > 0, "going over budget is counted: {st:?}");
     drop(a);
 }
+
+#[test]
+fn pages_read_from_a_failing_remote_are_not_left_there_alone() {
+    let c = Cluster::start("clean", 7270);
+    let p = Pager::new(config(&c, false, 0, 3)).unwrap();
+    let n = 2048;
+    let mut a = p.region(n * PAGE, Hint::Normal).unwrap();
+    fill(&mut a, 14, false);
+    let st = evict_to_writeback(&p);
+    assert_eq!(st.remote_pages, n as u64, "{st:?}");
+    // B waits in the pool (under its limit) for a writeback that will fail.
+    let mut b = p.region(n * PAGE, Hint::Normal).unwrap();
+    fill(&mut b, 15, false);
+    p.evict_all();
+    assert!(p.stats().pool_stored_pages > 0);
+    // A is read back (not written): a clean page may keep its remote slot, so that
+    // evicting it again costs nothing while the remote is well.
+    assert_eq!(mismatches(&a, 14, false, |_| true), (0, n));
+    c.stop();
+    // A writeback batch of B finds the cluster gone: the remote counts as failing now.
+    assert_eq!(p.writeback_now(), 0, "nothing can be written back with the cluster down");
+    assert!(p.stats().counters.remote_errors > 0);
+    // Evicting A again must not leave the remote as its only copy.
+    p.evict_all();
+    let (bad_a, checked_a) = mismatches(&a, 14, false, |_| true);
+    let (bad_b, checked_b) = mismatches(&b, 15, false, |_| true);
+    let st = p.stats();
+    assert_eq!((bad_a, checked_a, bad_b, checked_b), (0, n, 0, n), "{st:?}");
+    assert_eq!(st.counters.remote_read_failed, 0, "no page needed the remote: {st:?}");
+}

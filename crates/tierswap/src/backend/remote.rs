@@ -253,6 +253,11 @@ impl RemoteTier {
         BatchInFlight(&self.batches_in_flight)
     }
 
+    /// Whether no round trip has failed since the last batch written.
+    pub fn healthy(&self) -> bool {
+        self.health.lock().unwrap_or_else(|e| e.into_inner()).failing_since.is_none()
+    }
+
     fn mark_down(&self) {
         let mut h = self.health.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
