@@ -359,16 +359,19 @@ impl Shared {
             || self.remote.as_ref().is_some_and(|r| r.retrying())
     }
 
-    /// Whether reclaim should hold off compressing pages into the pool: the pool is over
-    /// its limit, the only tier below is the remote, and a writeback batch is on the wire.
-    /// Its acknowledgement frees pool space; evicting meanwhile would only trade the
-    /// program's pages for pool bytes until the pool fills the whole budget (every
-    /// access then a fault). Faults wait for room meanwhile, so the footprint stays
-    /// under the budget; the wait is one round trip.
+    /// Whether reclaim should hold off compressing pages into the pool: the pool is a
+    /// quarter over its limit, the only tier below is the remote, and a writeback batch
+    /// is on the wire. Its acknowledgement frees pool space; evicting meanwhile would
+    /// only trade the program's pages for pool bytes until the pool fills the whole
+    /// budget (every access then a fault). Faults wait for room meanwhile, so the
+    /// footprint stays under the budget; the wait is one round trip. (The quarter lets
+    /// reclaim compress while a batch is out: without it, usama_1g's swap-out took ~30 %
+    /// longer than with no backpressure, with it ~12 %.)
     pub(crate) fn pool_backpressure(&self) -> bool {
+        let max = self.config.pool_max_bytes();
         self.file.is_none()
             && self.remote.as_ref().is_some_and(|r| r.batch_in_flight())
-            && self.pool.total_bytes() > self.config.pool_max_bytes()
+            && self.pool.total_bytes() > max + max / 4
     }
 
     pub(crate) fn budget(&self) -> u64 {
