@@ -56,7 +56,10 @@ impl Engine for TierswapEngine {
             workload: spec.workload.name().into(),
             reason,
         };
-        let config = PagerConfig { budget_bytes: spec.budget_bytes, ..self.variant.pager(&spec.pager) };
+        // The run's budget, unless the variant sets its own (`budget=`, for comparisons at
+        // equal memory with kernel engines whose pool the memcg does not charge).
+        let config = self.variant.pager(&PagerConfig { budget_bytes: spec.budget_bytes, ..spec.pager.clone() });
+        let budget_bytes = config.budget_bytes;
         let config_json = serde_json::to_value(&config).unwrap_or_default();
         let config_has_remote = config.remote.is_some();
         let pager = Arc::new(Pager::new(config).map_err(|e| fail(e.to_string()))?);
@@ -156,7 +159,7 @@ impl Engine for TierswapEngine {
             engine: label.clone(),
             run: spec.run,
             size_bytes: spec.size_bytes,
-            budget_bytes: spec.budget_bytes,
+            budget_bytes,
             fill_s,
             swapout_s,
             refault_s,

@@ -4,20 +4,22 @@
 //!
 //! Syntax: `ENGINE[:SETTING[:SETTING…]]`, with SETTING one of `policy=locality|order0|always`,
 //! `swapin-max=SIZE` (4K to 2M, a power of two), and the switches `fault-around`,
-//! `workingset`, `keep-clean`, `encrypt`, each also as `no-…`, and `tiers=zero+pool+file`
-//! (local tiers, '+' between them: the variant drops a remote tier the flags gave, so the
-//! remote and the file tier run side by side). Examples:
+//! `workingset`, `keep-clean`, `encrypt`, each also as `no-…`, `spin=US` and
+//! `fault=thread|signal`, `compressor=lz4|zstd|zstd-LEVEL`, `budget=SIZE` (this engine's own
+//! budget instead of `--budget`), `pool-max=SIZE` and `tiers=zero+pool+file` (local tiers,
+//! '+' between them: the variant drops a remote tier the flags gave, so the remote and the
+//! file tier run side by side). Examples:
 //! `tierswap:policy=order0`, `tierswap:no-fault-around:swapin-max=2M`. No brackets, no
 //! spaces: the list goes through a shell unquoted. The entry's text is its label in the
 //! table, the JSON and the plots. This module owns parsing and applying; it makes no engine.
 
-use tierswap::{PagerConfig, SwapinPolicy};
+use tierswap::{Compressor, FaultMode, PagerConfig, SwapinPolicy};
 
 use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
@@ -42,6 +44,14 @@ pub enum Override {
     Encrypt(bool),
     /// `tiers=zero+pool+file`: these local tiers and no remote tier.
     LocalTiers(tierswap::Tiers),
+    /// `fault=thread|signal`: who serves a fault.
+    Fault(FaultMode),
+    /// `compressor=…`: the pool's compressor.
+    Compressor(Compressor),
+    /// `budget=SIZE`: this engine's budget, in bytes.
+    Budget(u64),
+    /// `pool-max=SIZE`: the pool limit, in bytes.
+    PoolMax(u64),
 }
 
 impl Override {
@@ -59,6 +69,10 @@ impl Override {
                 config.tiers = t;
                 config.remote = None;
             }
+            Override::Fault(m) => config.fault_mode = m,
+            Override::Compressor(c) => config.compressor = c,
+            Override::Budget(b) => config.budget_bytes = b,
+            Override::PoolMax(b) => config.pool_max_bytes = Some(b),
         }
     }
 
@@ -109,6 +123,26 @@ impl Override {
                     .parse::<tierswap::Tiers>()
                     .map(Override::LocalTiers)
                     .map_err(|e| format!("tiers '{v}': {e} (local tiers joined by '+', e.g. tiers=zero+pool+file)"))
+            }
+            "fault" => {
+                let v = value.ok_or_else(|| needs("signal"))?;
+                v.parse::<FaultMode>()
+                    .map(Override::Fault)
+                    .map_err(|_| format!("fault '{v}' is not a fault mode: use fault=thread or fault=signal"))
+            }
+            "budget" | "pool-max" => {
+                let v = value.ok_or_else(|| needs("512M"))?;
+                let bytes = tierswap::parse_size(v)
+                    .ok()
+                    .filter(|&b| b >= 1 << 20)
+                    .ok_or_else(|| format!("{key} '{v}' is not a size of 1M or more, e.g. {key}=512M"))?;
+                Ok(if key == "budget" { Override::Budget(bytes) } else { Override::PoolMax(bytes) })
+            }
+            "compressor" => {
+                let v = value.ok_or_else(|| needs("zstd"))?;
+                v.parse::<Compressor>().map(Override::Compressor).map_err(|_| {
+                    format!("compressor '{v}' is not a compressor: use compressor=lz4, zstd or zstd-LEVEL (1 to 19)")
+                })
             }
             "keep-clean" => switch(Override::KeepClean, true),
             "no-keep-clean" => switch(Override::KeepClean, false),
@@ -246,6 +280,14 @@ mod tests {
         assert!(parse("tierswap:fault-around").unwrap().pager(&base).fault_around, "a variant can switch back on");
         assert_eq!(parse("tierswap:swapin-max=4K").unwrap().overrides, vec![Override::SwapinMaxPages(1)]);
         assert_eq!(parse("tierswap:policy=always").unwrap().overrides, vec![Override::Policy(SwapinPolicy::Always)]);
+        let v = parse("tierswap:fault=signal").unwrap();
+        assert_eq!(v.pager(&PagerConfig::default()).fault_mode, FaultMode::Signal);
+        let c = parse("tierswap:compressor=zstd-3").unwrap().pager(&PagerConfig::default()).compressor;
+        assert_eq!(c, Compressor::Zstd { level: 3 });
+        let c = parse("tierswap:budget=563M:pool-max=307M").unwrap().pager(&PagerConfig::default());
+        assert_eq!((c.budget_bytes, c.pool_max_bytes), (563 << 20, Some(307 << 20)));
+        let base = PagerConfig { fault_mode: FaultMode::Signal, ..Default::default() };
+        assert_eq!(parse("tierswap:fault=thread").unwrap().pager(&base).fault_mode, FaultMode::Thread);
     }
 
     #[test]
@@ -278,6 +320,10 @@ mod tests {
         assert!(err("tierswap:swapin-max=lots").contains("swapin-max 'lots' is not a size"));
         assert!(err("tierswap:no-encrypt=yes").contains("'no-encrypt' is a switch"));
         assert!(err("tierswap::no-encrypt").contains("empty setting"));
+        assert!(err("tierswap:fault=fast").contains("fault=thread or fault=signal"));
+        assert!(err("tierswap:compressor=zstd-40").contains("zstd-LEVEL (1 to 19)"));
+        assert!(err("tierswap:budget=12").contains("budget '12' is not a size of 1M or more"));
+        assert!(err("tierswap:fault").contains("needs a value, e.g. fault=signal"));
         assert!(err("kernel-zswap:policy=order0").contains("tierswap only"));
         assert!(err("zfs:policy=order0").contains("unknown engine 'zfs'"));
         assert!(err("tierswap[policy=order0]").contains("tierswap:policy=order0"));

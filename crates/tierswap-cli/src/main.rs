@@ -54,8 +54,7 @@ struct Bench {
     /// Engines, comma-separated: tierswap, kernel-zswap, kernel-zram, kernel-disk, and tierswap
     /// variants tierswap:SETTING[:SETTING…] that change the flags' settings for that engine
     /// alone: policy=locality|order0|always, swapin-max=SIZE, [no-]fault-around,
-    /// [no-]workingset, [no-]keep-clean, [no-]encrypt, tiers=zero+pool+file (local tiers
-    /// only: drops the remote of --tiers, to compare the two). E.g. --engine
+    /// [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US, fault=thread|signal, compressor=lz4|zstd|zstd-N, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file (local tiers only: drops the remote of --tiers, to compare the two). E.g. --engine
     /// tierswap,tierswap:policy=order0,kernel-zswap: runs alternate engine by engine; the
     /// column ts÷ is plain tierswap's refault ÷ the variant's.
     #[arg(long, value_delimiter = ',', default_value = "tierswap")]
@@ -128,6 +127,12 @@ struct Bench {
     /// tierswap: do not encrypt the file tier's records (crc32c checksum only).
     #[arg(long)]
     no_encrypt: bool,
+    /// tierswap: who serves a fault. thread: a fault thread woken by the userfaultfd (every
+    /// access works, a system call's too); signal: the faulting thread itself, in a SIGBUS
+    /// handler (no hand-off between CPUs; a system call touching a swapped-out page gets
+    /// EFAULT, which the lab's workloads never do).
+    #[arg(long, default_value = "thread")]
+    fault_mode: String,
     /// zswap's max_pool_percent while kernel-zswap runs.
     #[arg(long)]
     zswap_max_pool_percent: Option<u32>,
@@ -362,6 +367,8 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
     }
     let compressor: Compressor = b.compressor.parse()?;
     let swapin_policy: SwapinPolicy = b.policy.parse().map_err(|e| UserError(format!("--policy: {e}")))?;
+    let fault_mode: tierswap::FaultMode =
+        b.fault_mode.parse().map_err(|e| UserError(format!("--fault-mode: {e}")))?;
     let swapin_max_bytes = size("--swapin-max", &b.swapin_max)?;
     let swapin_max_pages = swapin_max_pages(swapin_max_bytes).map_err(|e| UserError(format!("--swapin-max {e}")))?;
     let pool_max_bytes = match &b.pool_max {
@@ -397,6 +404,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         keep_clean: !b.no_keep_clean,
         encrypt: !b.no_encrypt,
         remote,
+        fault_mode,
         ..PagerConfig::default()
     };
     pager.validate()?;
@@ -443,7 +451,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
     .filter_map(|(no, name)| no.then_some(name))
     .collect();
     let header = format!(
-        "size {} MiB, budget {} MiB, tierswap tiers {}, compressor {}, pool max {} MiB, swap-in {} up to {} KiB{}",
+        "size {} MiB, budget {} MiB, tierswap tiers {}, compressor {}, pool max {} MiB, swap-in {} up to {} KiB, faults served by {}{}",
         size_bytes >> 20,
         budget_bytes >> 20,
         b.tiers,
@@ -451,6 +459,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         pager.pool_max_bytes() >> 20,
         b.policy.trim().to_ascii_lowercase(),
         swapin_max_pages * 4,
+        if fault_mode == tierswap::FaultMode::Signal { "the faulting thread" } else { "fault threads" },
         if off.is_empty() { String::new() } else { format!(", off: {}", off.join(" ")) }
     );
     print!("{}", report::table(&machine, &header, &summaries));
@@ -463,7 +472,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
                 "pool_max_bytes": pager.pool_max_bytes(), "threads": b.threads,
                 "swapin_policy": pager.swapin_policy, "swapin_max_pages": pager.swapin_max_pages,
                 "fault_around": pager.fault_around, "workingset": pager.workingset,
-                "keep_clean": pager.keep_clean, "encrypt": pager.encrypt,
+                "keep_clean": pager.keep_clean, "encrypt": pager.encrypt, "fault_mode": pager.fault_mode,
             }),
             runs: &out.results,
             summary: &summaries,

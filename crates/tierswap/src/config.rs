@@ -224,6 +224,43 @@ pub struct PagerConfig {
     pub fault_spin_us: u32,
     /// The remote tier below the pool (pool writeback goes there first), if any.
     pub remote: Option<RemoteConfig>,
+    /// Who serves a fault: a fault thread woken by the userfaultfd, or the faulting thread
+    /// itself in a SIGBUS handler ([`FaultMode`]).
+    pub fault_mode: FaultMode,
+}
+
+/// Who serves a fault on a swapped-out page.
+///
+/// - `Thread`: the faulting thread sleeps in the kernel while a fault thread reads the
+///   userfaultfd's message and installs the page. Works for every access, a system call's
+///   included, but each fault pays a hand-off between CPUs (~80 µs on a VM whose idle vCPU
+///   halts, DESIGN §9).
+/// - `Signal`: the userfaultfd raises SIGBUS in the faulting thread (UFFD_FEATURE_SIGBUS) and
+///   tierswap's handler installs the page right there: no hand-off (~10 µs a fault here).
+///   The limit: an access by the *kernel* (a `read(2)` into a swapped-out buffer, a
+///   `write(2)` from one) is not a fault any thread can serve, and the system call fails with
+///   EFAULT (or returns short). Use it for memory the program touches itself, not buffers it
+///   hands to system calls, or touch them first ([`crate::Region::prefault`]). The program
+///   must not replace the SIGBUS handler without calling the previous one for signals that
+///   are not its own ([`crate::sigbus`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum FaultMode {
+    /// Fault threads serve faults (the default: every access works).
+    #[default]
+    Thread,
+    /// The faulting thread serves its own fault in a SIGBUS handler.
+    Signal,
+}
+
+impl std::str::FromStr for FaultMode {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "thread" => Ok(FaultMode::Thread),
+            "signal" => Ok(FaultMode::Signal),
+            other => Err(ConfigError::FaultMode(other.to_string())),
+        }
+    }
 }
 
 /// How the fault path picks the size of a swap-in.
@@ -269,6 +306,7 @@ impl Default for PagerConfig {
             encrypt: true,
             fault_spin_us: DEFAULT_FAULT_SPIN_US,
             remote: None,
+            fault_mode: FaultMode::default(),
         }
     }
 }
@@ -349,6 +387,9 @@ pub enum ConfigError {
     /// An unknown swap-in policy.
     #[error("unknown swap-in policy '{0}': use locality, order0 or always")]
     Policy(String),
+    /// An unknown fault mode.
+    #[error("unknown fault mode '{0}': use thread or signal")]
+    FaultMode(String),
     /// A remote tier that does not parse.
     #[error("remote tier '{0}': give remote=redis://HOST:PORT[,HOST:PORT…] (cluster seeds)")]
     Remote(String),

@@ -39,6 +39,9 @@ pub(crate) struct Scratch {
     pub(crate) unit: UnitCache,
     /// Remote objects of the swap-in range, fetched in one round trip per node.
     pub(crate) remote: RemotePrefetch,
+    /// Serving in the faulting thread (signal mode): no readahead after the fault, which
+    /// would delay the program instead of running beside it.
+    pub(crate) in_thread: bool,
 }
 
 impl Scratch {
@@ -51,6 +54,7 @@ impl Scratch {
             compressed: vec![0u8; PAGE_SIZE],
             unit: UnitCache::new(unit_bytes)?,
             remote: RemotePrefetch::new(max_pages),
+            in_thread: false,
         })
     }
 }
@@ -129,6 +133,45 @@ pub(crate) fn fault_thread(s: Arc<Shared>) {
     }
 }
 
+/// Serves a fault of a signal-mode pager in the faulting thread ([`crate::sigbus`]):
+/// `access` is (write, protection) from the CPU when known. Returns whether the address is
+/// this pager's (the signal then needs nothing more: the access is retried). `pass` 0 looks
+/// in the region map; 1 first waits out the events being handled (a region an mremap just
+/// moved); 2 tries a zero page, which succeeds only on a range registered on this pager's
+/// userfaultfd (memory an mremap grew, which stays unmanaged as in thread mode).
+pub(crate) fn serve_in_thread(s: &Shared, addr: usize, access: Option<(bool, bool)>, pass: u32) -> bool {
+    let page_addr = addr & !(PAGE_SIZE - 1);
+    if pass == 2 {
+        return match s.uffd.zeropage(page_addr, PAGE_SIZE, true) {
+            Ok(_) => {
+                s.counters.faults_unmanaged.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            // Ours, and present already or changing: the retry sorts it out.
+            Err(uffd::Error::PageExist { .. } | uffd::Error::Again { .. }) => true,
+            Err(_) => false,
+        };
+    }
+    if pass == 1 {
+        s.sync_events();
+    }
+    let Lookup::Region(r, idx) = s.lookup(page_addr) else { return false };
+    let (write, protection) = access.unwrap_or_else(|| {
+        // No error code: a present page in our table means a write-protect fault.
+        let pte = r.ptes.load(idx);
+        (true, pte.state() == PteState::Present && !pte.is_poisoned())
+    });
+    drop(r);
+    s.counters.faults_in_thread.fetch_add(1, Ordering::Relaxed);
+    if protection {
+        handle_wp_fault(s, addr);
+    } else {
+        let mut scratch = s.signal_scratch();
+        handle_fault(s, addr, write, &mut scratch);
+    }
+    true
+}
+
 /// Serves faults on mirrors: only the pager reads mirrors, and only pages it staged; a
 /// hole there means the page was zero (it read as such before staging).
 fn serve_mirror_faults(s: &Shared, events: &mut Vec<Event>) {
@@ -177,7 +220,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             // The region lost this page to an UNMAP / REMAP handled since our lookup, and
             // the address may belong to a new mapping by now: fault again and find it.
             r.ptes.unlock(idx, old, old);
-            let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+            s.wake(page_addr, PAGE_SIZE);
             return;
         }
         PteState::None => {
@@ -195,7 +238,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             // fault again): re-arm the marker (EEXIST: still there) and let it take SIGBUS.
             // A zero page here would quietly turn a lost page into zeros.
             arm_poison(s, page_addr);
-            let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+            s.wake(page_addr, PAGE_SIZE);
             r.ptes.unlock(idx, old, old);
             return;
         }
@@ -212,7 +255,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             s.counters.faults_staged.fetch_add(1, Ordering::Relaxed);
             finish_fault(s, t0);
             if let Some((from, to)) = woken {
-                let _ = s.uffd.wake(r.page_addr(from), (to - from) * PAGE_SIZE);
+                s.wake(r.page_addr(from), (to - from) * PAGE_SIZE);
             }
             return;
         }
@@ -220,8 +263,8 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             let (tag, first, n) = swap_in(s, &r, idx, old, write, scratch);
             finish_fault(s, t0);
             // The program runs again only now: its pte and the counters are final.
-            let _ = s.uffd.wake(r.page_addr(first), n * PAGE_SIZE);
-            if tag == Some(Tag::File) && n == 1 {
+            s.wake(r.page_addr(first), n * PAGE_SIZE);
+            if tag == Some(Tag::File) && n == 1 && !scratch.in_thread {
                 // The program runs again already; read its likely next pages meanwhile.
                 // (A large swap-in is its own prefetch: reading ahead past it would stage
                 // the stream's next pages, each then costing a fault of its own.)
@@ -237,7 +280,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
     };
     r.ptes.unlock(idx, old, new);
     finish_fault(s, t0);
-    let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+    s.wake(page_addr, PAGE_SIZE);
 }
 
 /// One page of a swap-in range, from probe to install.
@@ -294,6 +337,9 @@ fn swap_in(
     }
     let (first, end) = if pages > 1 { range_of(idx, pages, r.n_pages) } else { (idx, idx + 1) };
     let n = end - first;
+    // A lone page with no readahead to follow (random access, or served in the faulting
+    // thread) reads only its record's pages from the file, not the whole unit.
+    scratch.unit.whole = n > 1 || (!scratch.in_thread && r.ra.window() > 1);
     let plan = &mut scratch.plan;
     plan.clear();
     plan.resize(n, Planned::SKIP);
@@ -545,7 +591,7 @@ fn workingset_refault(s: &Shared, slot: u64, new: Pte) -> Pte {
 fn handle_wp_fault(s: &Shared, addr: usize) {
     let page_addr = addr & !(PAGE_SIZE - 1);
     let Lookup::Region(r, idx) = s.lookup(page_addr) else {
-        let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+        s.wake(page_addr, PAGE_SIZE);
         return;
     };
     s.counters.faults_wp.fetch_add(1, Ordering::Relaxed);
@@ -556,7 +602,7 @@ fn handle_wp_fault(s: &Shared, addr: usize) {
     if !s.maps(&r, page_addr) {
         // Cut from the region since the lookup (see handle_fault): fault again.
         r.ptes.unlock(idx, first, first);
-        let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+        s.wake(page_addr, PAGE_SIZE);
         return;
     }
     locked[idx - block_start] = Some(first);
@@ -594,13 +640,14 @@ fn handle_wp_fault(s: &Shared, addr: usize) {
         }
     }
     // Wakes the writer: it retries, and takes a missing-page fault if its page was staged.
-    let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+    s.wake(page_addr, PAGE_SIZE);
 }
 
 /// Reads the disk-backed pages among `[from, to)` into staging (marked read-ahead), where
 /// their first touch finds them in memory. Pages in other tiers, shared by fork, or busy
 /// are left alone: readahead is a guess and never waits.
 fn read_ahead(s: &Shared, r: &RegionInner, from: usize, to: usize, scratch: &mut Scratch) {
+    scratch.unit.whole = true;
     let mut read = 0u64;
     let mut last_block = usize::MAX;
     for j in from..to {
@@ -712,7 +759,7 @@ fn unknown_fault(s: &Shared, page_addr: usize, write: bool) {
     }
     if let Lookup::Region(..) = s.lookup(page_addr) {
         // Managed now: let the thread fault again and be served as usual.
-        let _ = s.uffd.wake(page_addr, PAGE_SIZE);
+        s.wake(page_addr, PAGE_SIZE);
         return;
     }
     if install_zero(s, page_addr, write, false) {
@@ -726,14 +773,14 @@ fn settle_install(s: &Shared, addr: usize, res: uffd::Result<usize>) -> bool {
     match res {
         Ok(_) => true,
         Err(uffd::Error::PageExist { .. }) => {
-            let _ = s.uffd.wake(addr, PAGE_SIZE);
+            s.wake(addr, PAGE_SIZE);
             true
         }
         Err(uffd::Error::ProcessGone { .. }) => false,
         Err(e) => {
             // The address is no longer mapped (region dropped) or the mm is changing; wake
             // whoever waits so that it retries the access.
-            let _ = s.uffd.wake(addr, PAGE_SIZE);
+            s.wake(addr, PAGE_SIZE);
             // EAGAIN: an event is queued; the woken thread faults again after it.
             if !matches!(e, uffd::Error::NoPage { .. } | uffd::Error::Invalid { .. } | uffd::Error::Again { .. }) {
                 eprintln!("tierswap: installing a page at {addr:#x} failed: {e}");
@@ -754,7 +801,7 @@ fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) -> Option<(usize, usi
     if first.state() != PteState::Staged {
         // Someone else moved it meanwhile: just make sure the waiter wakes.
         r.ptes.unlock(idx, first, first);
-        let _ = s.uffd.wake(r.page_addr(idx), PAGE_SIZE);
+        s.wake(r.page_addr(idx), PAGE_SIZE);
         return None;
     }
     let mut locked = [false; BLOCK_PAGES];
@@ -838,7 +885,7 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
             }
             Err(uffd::Error::PageExist { done_bytes, .. }) => {
                 let at = i + done_bytes / PAGE_SIZE;
-                let _ = s.uffd.wake(r.page_addr(at), PAGE_SIZE);
+                s.wake(r.page_addr(at), PAGE_SIZE);
                 done_bytes / PAGE_SIZE + 1
             }
             Err(uffd::Error::Again { done_bytes, .. }) if done_bytes > 0 || again < 4 => {
@@ -1036,7 +1083,7 @@ fn poison(s: &Shared, addr: usize, slot: u64, fail: &ReadFail) {
         "tierswap: page at {addr:#x} (slot {slot}) cannot be read back ({fail}); the accessing thread gets SIGBUS"
     );
     if arm_poison(s, addr) {
-        let _ = s.uffd.wake(addr, PAGE_SIZE);
+        s.wake(addr, PAGE_SIZE);
     }
 }
 

@@ -26,12 +26,13 @@ pub mod pager;
 pub mod pagetable;
 pub mod policy;
 pub mod reclaim;
+pub mod sigbus;
 pub mod stats;
 pub mod swap;
 pub mod sys;
 pub mod uffd;
 pub mod writeback;
 
-pub use config::{parse_size, parse_tiers, Compressor, Hint, PagerConfig, RemoteConfig, SwapinPolicy, Tiers};
+pub use config::{parse_size, parse_tiers, Compressor, FaultMode, Hint, PagerConfig, RemoteConfig, SwapinPolicy, Tiers};
 pub use pager::{DrainReport, Error, Pager, Region, Result, Tier};
 pub use stats::Stats;

@@ -27,7 +27,7 @@ use thiserror::Error;
 
 use crate::backend::file::FileTier;
 use crate::backend::pool::Pool;
-use crate::config::{ConfigError, Hint, PagerConfig};
+use crate::config::{ConfigError, FaultMode, Hint, PagerConfig};
 use crate::page::{pages_for, pages_to_bytes, PAGE_SIZE};
 use crate::pagetable::{PageTable, PteState};
 use crate::policy::admission::Locality;
@@ -319,9 +319,35 @@ pub(crate) struct Shared {
     pub(crate) file_gate: RwLock<()>,
     /// A detached mapping was handed out: the threads live until the process exits.
     pub(crate) keepalive: AtomicBool,
+    /// Signal mode: the buffers of faults served in the faulting threads, one per fault
+    /// in progress at once (a thread finding all taken yields and tries again). Empty in
+    /// thread mode.
+    pub(crate) signal_scratch: Vec<Mutex<crate::fault::Scratch>>,
 }
 
 impl Shared {
+    /// Wakes the threads waiting for a fault in `[addr, addr + len)` to be served. In
+    /// signal mode nobody waits (a faulting thread serves itself), so it costs nothing.
+    pub(crate) fn wake(&self, addr: usize, len: usize) {
+        if self.config.fault_mode == FaultMode::Thread {
+            let _ = self.uffd.wake(addr, len);
+        }
+    }
+
+    /// A free signal-mode fault buffer ([`Shared::signal_scratch`]).
+    pub(crate) fn signal_scratch(&self) -> std::sync::MutexGuard<'_, crate::fault::Scratch> {
+        loop {
+            for m in &self.signal_scratch {
+                match m.try_lock() {
+                    Ok(g) => return g,
+                    Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+                    Err(std::sync::TryLockError::WouldBlock) => {}
+                }
+            }
+            std::thread::yield_now();
+        }
+    }
+
     /// The footprint: present + staged pages, pool spans, one file unit buffer, metadata.
     pub(crate) fn footprint_bytes(&self) -> u64 {
         let pages = self.present_pages.load(Ordering::Relaxed) + self.staged_pages.load(Ordering::Relaxed);
@@ -584,10 +610,15 @@ impl MetadataBreakdown {
 struct Threads {
     shared: Arc<Shared>,
     handles: Vec<JoinHandle<()>>,
+    /// Signal mode: the pager's place in the SIGBUS handler's table.
+    signal_place: Option<usize>,
 }
 
 impl Drop for Threads {
     fn drop(&mut self) {
+        if let Some(place) = self.signal_place.take() {
+            crate::sigbus::unregister(place);
+        }
         self.shared.shutdown.store(true, Ordering::SeqCst);
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a local u64 to our own eventfd.
@@ -645,7 +676,9 @@ impl Pager {
     /// Starts a pager: opens the userfaultfd, starts the fault and reclaim threads.
     pub fn new(config: PagerConfig) -> Result<Pager> {
         config.validate()?;
-        let uffd = Uffd::new(crate::events::PROGRAM_FEATURES, true)?;
+        let signal = config.fault_mode == FaultMode::Signal;
+        let sigbus_feature = if signal { uffd::features::SIGBUS } else { 0 };
+        let uffd = Uffd::new(crate::events::PROGRAM_FEATURES | sigbus_feature, true)?;
         let mirror_uffd = Uffd::new(uffd::features::MOVE, true)?;
         let pool = Pool::new((config.budget_bytes as usize).saturating_mul(8).max(4 << 30))
             .map_err(io_err("cannot reserve address space for the compressed pool"))?;
@@ -666,6 +699,16 @@ impl Pager {
             None => None,
         };
         let n_fault = if config.fault_threads == 0 { sys::online_cpus() } else { config.fault_threads };
+        let mut signal_scratch = Vec::new();
+        if signal {
+            // Two faults in progress per CPU before a third waits for a buffer.
+            for _ in 0..(2 * sys::online_cpus()).max(4) {
+                let mut b = crate::fault::Scratch::new(config.file_unit_bytes, config.swapin_max_pages)
+                    .map_err(io_err("cannot map the signal-mode fault buffers"))?;
+                b.in_thread = true;
+                signal_scratch.push(Mutex::new(b));
+            }
+        }
         let swap =
             SwapSpace::new(DEFAULT_MAX_SLOTS, 1).map_err(io_err("cannot reserve address space for the swap table"))?;
         // SAFETY: eventfd creates a new fd we own at once.
@@ -705,6 +748,7 @@ impl Pager {
             file_off: AtomicBool::new(false),
             file_gate: RwLock::new(()),
             keepalive: AtomicBool::new(false),
+            signal_scratch,
         });
         shared.refresh_metadata();
         let mut handles = Vec::new();
@@ -732,7 +776,13 @@ impl Pager {
                     .map_err(io_err("cannot start the writeback thread"))?,
             );
         }
-        let threads = Arc::new(Threads { shared: shared.clone(), handles });
+        let mut threads = Threads { shared: shared.clone(), handles, signal_place: None };
+        if signal {
+            // From here on the program's faults raise SIGBUS and the handler serves them.
+            threads.signal_place =
+                Some(crate::sigbus::register(&shared).map_err(io_err("cannot install the SIGBUS handler"))?);
+        }
+        let threads = Arc::new(threads);
         Ok(Pager { shared, threads })
     }
 
@@ -969,6 +1019,42 @@ impl Region {
     /// The region's hint.
     pub fn hint(&self) -> Hint {
         self.inner.hint
+    }
+
+    /// Brings the pages of `[offset, offset + len)` in by touching each one from this
+    /// thread, as writes when `write` (a read may map a shared zero page, which a system
+    /// call writing into the buffer could not use in signal mode). In
+    /// [`crate::FaultMode::Signal`], call it before handing the range to a system call: the
+    /// kernel's own accesses to a swapped-out page fail with EFAULT there. Reclaim may
+    /// evict the pages again later; a budget with room for the buffer keeps them in.
+    ///
+    /// # Panics
+    /// If the range is not inside the region.
+    pub fn prefault(&self, offset: usize, len: usize, write: bool) {
+        assert!(offset.checked_add(len).is_some_and(|end| end <= self.len()), "prefault past the region's end");
+        if len == 0 {
+            return;
+        }
+        let first = offset / PAGE_SIZE;
+        let last = (offset + len - 1) / PAGE_SIZE;
+        for pg in first..=last {
+            // SAFETY: the byte is inside the mapping, which lives as long as `self`.
+            let p = unsafe { self.as_ptr().add(pg * PAGE_SIZE) };
+            if write {
+                // SAFETY: `p` is valid and aligned for a u8.
+                let b = unsafe { std::sync::atomic::AtomicU8::from_ptr(p) };
+                // A compare-exchange of the byte with itself writes it without changing it,
+                // so a concurrent writer loses nothing. (An OR of 0 would not do: the
+                // compiler turns an idempotent atomic into a plain load.)
+                let mut v = b.load(Ordering::Relaxed);
+                while let Err(now) = b.compare_exchange_weak(v, v, Ordering::Relaxed, Ordering::Relaxed) {
+                    v = now;
+                }
+            } else {
+                // SAFETY: `p` is valid for a read.
+                unsafe { std::ptr::read_volatile(p) };
+            }
+        }
     }
 
     /// The region as a read-only byte slice.

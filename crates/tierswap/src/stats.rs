@@ -144,6 +144,8 @@ counters! {
     /// Faults on registered memory the pager does not manage (the part an mremap grew),
     /// served with a zero page.
     faults_unmanaged,
+    /// Faults served in the faulting thread itself, in its SIGBUS handler (signal mode).
+    faults_in_thread,
     /// Pages written to the remote tier (acknowledged, and durable as configured).
     remote_out,
     /// Pages read back from the remote tier.

@@ -380,18 +380,31 @@ fn stage_header(rec: &mut [u8], slot: u64, len: usize) {
     rec[8..16].copy_from_slice(&slot.to_le_bytes());
 }
 
-/// A fault thread's copy of the last unit it read (see [`FileTier::read_cached`]).
+/// A fault thread's copy of the last unit it read, whole or the pages of one record (see
+/// [`FileTier::read_cached`]): bytes `[valid_from, valid_bytes)` of `unit` are valid.
 pub struct UnitCache {
     buf: AlignedBuf,
     unit: u64,
     generation: u64,
+    valid_from: usize,
     valid_bytes: usize,
+    /// Read whole units on a miss (the default). Off, a miss reads only the pages holding
+    /// the record: one 4–8 KiB direct read instead of 64 KiB (~130 µs against ~280 µs on
+    /// this machine's disk), for a single-page fault with nothing else to read nearby.
+    pub whole: bool,
 }
 
 impl UnitCache {
     /// An empty cache for units of `unit_bytes`.
     pub fn new(unit_bytes: usize) -> io::Result<UnitCache> {
-        Ok(UnitCache { buf: AlignedBuf::new(unit_bytes)?, unit: u64::MAX, generation: 0, valid_bytes: 0 })
+        Ok(UnitCache {
+            buf: AlignedBuf::new(unit_bytes)?,
+            unit: u64::MAX,
+            generation: 0,
+            valid_from: 0,
+            valid_bytes: 0,
+            whole: true,
+        })
     }
 }
 
@@ -687,16 +700,28 @@ impl FileTier {
     ) -> Result<bool, FileError> {
         let unit = offset / self.unit_bytes as u64;
         let generation = self.generation_of(unit);
-        let hit = cache.unit == unit && cache.generation == generation && cache.valid_bytes > 0;
+        let at = (offset - unit * self.unit_bytes as u64) as usize;
+        let rec = record_bytes(len);
+        let hit = cache.unit == unit
+            && cache.generation == generation
+            && cache.valid_bytes > 0
+            && cache.valid_from <= at
+            && at + rec <= cache.valid_bytes;
         if !hit {
             assert!(cache.buf.len() >= self.unit_bytes, "unit cache smaller than a unit");
             cache.valid_bytes = 0;
+            // The whole unit, or the aligned pages holding this record (direct IO).
+            let (lo, hi) = if cache.whole {
+                (0, self.unit_bytes)
+            } else {
+                (at / IO_ALIGN * IO_ALIGN, round_up(at + rec, IO_ALIGN).min(self.unit_bytes))
+            };
             let base = unit * self.unit_bytes as u64;
-            let buf = &mut cache.buf.as_mut_slice()[..self.unit_bytes];
+            let buf = &mut cache.buf.as_mut_slice()[lo..hi];
             let mut got = 0;
             // The tail unit may be shorter on disk than a full unit.
             while got < buf.len() {
-                match crate::inject::read_at(&self.file, &mut buf[got..], base + got as u64) {
+                match crate::inject::read_at(&self.file, &mut buf[got..], base + (lo + got) as u64) {
                     Ok(0) => break,
                     Ok(n) => got += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -705,11 +730,10 @@ impl FileTier {
             }
             cache.unit = unit;
             cache.generation = generation;
-            cache.valid_bytes = got;
+            cache.valid_from = lo;
+            cache.valid_bytes = lo + got;
         }
-        let at = (offset - unit * self.unit_bytes as u64) as usize;
-        let rec = record_bytes(len);
-        if at + rec > cache.valid_bytes {
+        if at < cache.valid_from || at + rec > cache.valid_bytes {
             cache.valid_bytes = 0;
             return Err(FileError::Corrupt { offset, slot, what: "record beyond the end of the file" });
         }
@@ -1044,6 +1068,40 @@ mod tests {
             let hit = t.read_cached(base2 + off0 as u64, 900, 0, &mut cache, &mut out).unwrap();
             assert!(!hit, "a rewritten unit is read again");
             assert!(out[..900].iter().all(|&b| b == 0xEE));
+        }
+    }
+
+    #[test]
+    fn a_lone_page_read_takes_only_its_records_pages_and_every_byte_is_right() {
+        for encrypt in [false, true] {
+            let t = tier(encrypt);
+            let mut w = UnitWriter::new(t.unit_bytes()).unwrap();
+            // Records of 3000 bytes straddle page boundaries.
+            let offs: Vec<usize> = (0..20u64).map(|slot| w.push(slot, &[slot as u8 + 1; 3000]).unwrap()).collect();
+            let base = t.write_unit(&mut w).unwrap();
+            let mut cache = UnitCache::new(t.unit_bytes()).unwrap();
+            cache.whole = false;
+            let mut out = vec![0u8; PAGE_SIZE];
+            let mut hits = 0;
+            for (slot, &off) in offs.iter().enumerate().rev() {
+                out.fill(0);
+                hits += t.read_cached(base + off as u64, 3000, slot as u64, &mut cache, &mut out).unwrap() as u32;
+                assert!(out[..3000].iter().all(|&b| b == slot as u8 + 1), "slot {slot}, encrypt {encrypt}");
+                let span = cache.valid_bytes - cache.valid_from;
+                assert!(span <= 2 * PAGE_SIZE, "only the record's pages were read: {span} bytes");
+            }
+            // Going down, a record sharing its first page with the span read last is not
+            // wholly inside it: every read is a miss and reads its own pages.
+            assert!(hits < 20, "partial spans never serve records outside them");
+            // Whole again: one read, then every neighbour hits.
+            cache.whole = true;
+            cache.valid_bytes = 0;
+            let hits: u32 = offs
+                .iter()
+                .enumerate()
+                .map(|(slot, &off)| t.read_cached(base + off as u64, 3000, slot as u64, &mut cache, &mut out).unwrap() as u32)
+                .sum();
+            assert_eq!(hits, 19);
         }
     }
 

@@ -1,0 +1,229 @@
+//! Signal mode ([`FaultMode::Signal`]): the faulting thread serves its own fault.
+//!
+//! A pager in signal mode opens its program userfaultfd with UFFD_FEATURE_SIGBUS, so a
+//! fault on a page it does not map raises SIGBUS (`BUS_ADRERR`) in the faulting thread
+//! instead of queueing a message for a fault thread. The handler installed here finds the
+//! pager owning the address and runs the same fault path a fault thread runs
+//! ([`crate::fault::serve_in_thread`]), in the faulting thread, on its stack; when the
+//! handler returns, the access is retried and finds its page. There is no hand-off between
+//! CPUs, which costs ~80 µs a fault on a VM whose idle vCPU halts (DESIGN §9).
+//!
+//! What is not ours goes to the handler that was there before: other `si_code`s (a
+//! poisoned page's `BUS_MCEERR_AR`, which is how a page that cannot be read back reaches
+//! the program in both modes) and addresses no signal-mode pager knows (a file mapping
+//! past its end). With the default action in place the retried access then ends the
+//! process with SIGBUS, as it would have without tierswap.
+//!
+//! The handler runs with every asynchronous signal blocked, so no handler of the program
+//! runs on top of it while it holds a page's lock, and with SIGBUS itself open, so a bug
+//! that faults in it ends the process at once instead of deadlocking.
+//!
+//! A program that installs its own SIGBUS handler after the pager must call
+//! [`serve`] first (or chain to the previous handler) for signals it does not expect.
+
+use std::ptr;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Arc, Once, OnceLock};
+
+use crate::pager::Shared;
+
+/// Most pagers in signal mode at once in one process.
+pub const MAX_PAGERS: usize = 32;
+
+/// One registered pager: the `Shared` (a strong reference leaked into the table), how
+/// many handlers are looking at it right now (unregistering waits for them), and the
+/// process it serves.
+struct Entry {
+    shared: AtomicPtr<Shared>,
+    users: AtomicUsize,
+    /// The pid that registered it. A forked child inherits the table but not the pager's
+    /// threads, and its pager's userfaultfd installs pages in the *parent*: the child's
+    /// handler must leave those entries alone.
+    pid: AtomicI32,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY: Entry =
+    Entry { shared: AtomicPtr::new(ptr::null_mut()), users: AtomicUsize::new(0), pid: AtomicI32::new(0) };
+static PAGERS: [Entry; MAX_PAGERS] = [EMPTY; MAX_PAGERS];
+
+static INSTALL: Once = Once::new();
+/// The SIGBUS action before ours: signals that are not ours go there.
+static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+
+/// Registers `shared` for the handler (installing it on first use); returns its place for
+/// [`unregister`].
+pub(crate) fn register(shared: &Arc<Shared>) -> std::io::Result<usize> {
+    install()?;
+    let raw = Arc::into_raw(shared.clone()) as *mut Shared;
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    for (i, e) in PAGERS.iter().enumerate() {
+        // The pid is in place before the pointer is: a handler that sees the pointer sees it.
+        // (Registrations racing for a free place are of one process: they store one pid.)
+        if !e.shared.load(Ordering::SeqCst).is_null() {
+            continue;
+        }
+        e.pid.store(pid, Ordering::SeqCst);
+        if e.shared.compare_exchange(ptr::null_mut(), raw, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            return Ok(i);
+        }
+    }
+    // SAFETY: `raw` came from Arc::into_raw above and was not stored anywhere.
+    drop(unsafe { Arc::from_raw(raw) });
+    Err(std::io::Error::other(format!(
+        "more than {MAX_PAGERS} pagers in signal mode in one process: use fault mode 'thread' for the others"
+    )))
+}
+
+/// Takes the pager at `place` out of the table, once no handler is looking at it.
+pub(crate) fn unregister(place: usize) {
+    let e = &PAGERS[place];
+    let raw = e.shared.swap(ptr::null_mut(), Ordering::SeqCst);
+    // A handler that loaded the pointer before the swap counted itself in `users` first.
+    while e.users.load(Ordering::SeqCst) != 0 {
+        std::thread::yield_now();
+    }
+    if !raw.is_null() {
+        // SAFETY: the table held this strong reference (Arc::into_raw in `register`), and
+        // no handler can reach it any more.
+        drop(unsafe { Arc::from_raw(raw) });
+    }
+}
+
+fn install() -> std::io::Result<()> {
+    let mut result = Ok(());
+    INSTALL.call_once(|| {
+        // SAFETY: sigaction is plain data, zeroed then filled; sigaction(2) installs our
+        // handler (of the three-argument type SA_SIGINFO asks for) and returns the previous
+        // action into `old`, which we keep for chaining.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_sigbus as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_RESTART;
+            libc::sigfillset(&mut sa.sa_mask);
+            for sig in [libc::SIGBUS, libc::SIGSEGV, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP, libc::SIGSYS] {
+                libc::sigdelset(&mut sa.sa_mask, sig);
+            }
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGBUS, &sa, &mut old) != 0 {
+                result = Err(std::io::Error::last_os_error());
+                return;
+            }
+            let _ = PREVIOUS.set(old);
+        }
+    });
+    result?;
+    if PREVIOUS.get().is_none() {
+        return Err(std::io::Error::other("the SIGBUS handler could not be installed earlier in this process"));
+    }
+    Ok(())
+}
+
+/// How the faulting access touched the page, from the CPU's page-fault error code:
+/// `(write, protection)`; protection means the page was present (a write-protect fault).
+/// `None` where the error code is not at hand.
+///
+/// # Safety
+/// `ctx` is the `ucontext_t` the kernel passed to a SA_SIGINFO handler.
+unsafe fn access_of(ctx: *mut libc::c_void) -> Option<(bool, bool)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if ctx.is_null() {
+            return None;
+        }
+        // SAFETY: the caller's contract; REG_ERR holds the page fault's error code
+        // (bit 0: the page was present, bit 1: a write).
+        let err = unsafe { (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_ERR as usize] };
+        Some((err & 2 != 0, err & 1 != 0))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ctx;
+        None
+    }
+}
+
+/// Serves a SIGBUS raised by a signal-mode pager's userfaultfd, in the calling thread.
+/// Returns false when the signal is not such a fault (the caller passes it on).
+///
+/// # Safety
+/// `info` and `ctx` are the arguments the kernel passed to a SA_SIGINFO handler of
+/// SIGBUS, on the thread that took the signal.
+pub unsafe fn serve(info: *const libc::siginfo_t, ctx: *mut libc::c_void) -> bool {
+    if info.is_null() {
+        return false;
+    }
+    // SAFETY: the caller's contract: a siginfo_t from the kernel.
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    if code != libc::BUS_ADRERR {
+        return false;
+    }
+    // SAFETY: the caller's contract.
+    let access = unsafe { access_of(ctx) };
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    // Known regions first; then, for each pager, once the events in flight are handled
+    // (an mremap's new range), and last as memory it registered but does not track.
+    for pass in 0..3 {
+        for e in &PAGERS {
+            e.users.fetch_add(1, Ordering::SeqCst);
+            let raw = e.shared.load(Ordering::SeqCst);
+            let raw = if e.pid.load(Ordering::SeqCst) == pid { raw } else { ptr::null_mut() };
+            // SAFETY: a non-null pointer in the table is a live strong reference, and
+            // `unregister` waits for `users` to drop to zero before releasing it.
+            let served = !raw.is_null() && crate::fault::serve_in_thread(unsafe { &*raw }, addr, access, pass);
+            e.users.fetch_sub(1, Ordering::SeqCst);
+            if served {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: __errno_location is the calling thread's errno; the interrupted code must
+    // find it as it left it.
+    let errno = unsafe { *libc::__errno_location() };
+    // SAFETY: the kernel's arguments to this SA_SIGINFO handler.
+    let ours = unsafe { serve(info, ctx) };
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+    if !ours {
+        pass_on(sig, info, ctx);
+    }
+}
+
+/// Hands a signal that is not ours to the action that was there before.
+fn pass_on(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let Some(prev) = PREVIOUS.get() else { return default_action(sig) };
+    let h = prev.sa_sigaction;
+    if h == libc::SIG_DFL {
+        default_action(sig)
+    } else if h == libc::SIG_IGN {
+        // Ignoring a synchronous SIGBUS retries the access for ever: end as the kernel would.
+        default_action(sig)
+    } else if prev.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the previous handler was installed for SIGBUS with SA_SIGINFO, so it has
+        // this type; it gets the kernel's own arguments.
+        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = unsafe { std::mem::transmute(h) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: a one-argument handler installed for SIGBUS.
+        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+        f(sig);
+    }
+}
+
+/// Puts the default action back; the retried access then takes it (the process ends with
+/// SIGBUS, as it would have without us).
+fn default_action(sig: libc::c_int) {
+    // SAFETY: a zeroed sigaction is SIG_DFL with an empty mask; only this signal's action
+    // changes.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &sa, ptr::null_mut());
+    }
+}

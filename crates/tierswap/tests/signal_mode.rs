@@ -1,0 +1,311 @@
+//! Signal mode (`FaultMode::Signal`): faults served in the faulting thread's SIGBUS handler.
+//! Every byte that comes back is compared with what went in; the counters say the faults
+//! were served in the faulting threads; the documented limit (a system call touching a
+//! swapped-out page fails with EFAULT, and works after `Region::prefault`) is tested as
+//! such; SIGBUS that is not a pager's reaches the program's own handler.
+
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tierswap::{FaultMode, Hint, Pager, PagerConfig, Tiers};
+
+const PAGE: usize = 4096;
+
+fn pager(budget: u64, tiers: &str) -> Pager {
+    let config = PagerConfig {
+        budget_bytes: budget,
+        tiers: tiers.parse::<Tiers>().unwrap(),
+        fault_threads: 1,
+        fault_mode: FaultMode::Signal,
+        ..Default::default()
+    };
+    match Pager::new(config) {
+        Ok(p) => p,
+        Err(e) => panic!("cannot start a pager (these tests need userfaultfd: run as root): {e}"),
+    }
+}
+
+/// Word i of page p is p * 512 + i + salt (compressible and unique per page).
+fn fill_page(buf: &mut [u8], p: usize, salt: u64) {
+    for (i, w) in buf.chunks_exact_mut(8).enumerate() {
+        w.copy_from_slice(&((p as u64) * 512 + i as u64 + salt).to_le_bytes());
+    }
+}
+
+fn page_matches(buf: &[u8], p: usize, salt: u64) -> bool {
+    buf.chunks_exact(8).enumerate().all(|(i, w)| w == ((p as u64) * 512 + i as u64 + salt).to_le_bytes())
+}
+
+fn noise_page(buf: &mut [u8], p: usize) {
+    let mut x = (p as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for w in buf.chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        w.copy_from_slice(&x.to_le_bytes());
+    }
+}
+
+fn expected(pg: usize, buf: &mut [u8]) {
+    match pg % 8 {
+        0 => buf.fill(0),
+        1 => buf.fill(0x5a),
+        2 => noise_page(buf, pg),
+        _ => fill_page(buf, pg, 11),
+    }
+}
+
+#[test]
+fn every_tier_round_trips_with_faults_served_in_the_faulting_thread() {
+    let p = pager(8 << 20, "zero,pool,file");
+    let n = 8192; // 32 MiB through an 8 MiB budget
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    let mem = r.as_mut_slice();
+    for pg in 0..n {
+        expected(pg, &mut mem[pg * PAGE..(pg + 1) * PAGE]);
+    }
+    let first_touch = p.stats().counters.faults_in_thread;
+    assert!(first_touch >= n as u64 / 2, "first touches were served in this thread: {first_touch}");
+    p.evict_all();
+    let st = p.stats();
+    assert_eq!(st.present_pages + st.staged_pages, 0, "everything evicted");
+    assert_eq!(st.counters.swpout_zero + st.counters.swpout_samefill, (n / 4) as u64);
+    let mut want = vec![0u8; PAGE];
+    let mut bad = 0;
+    for pg in 0..n {
+        expected(pg, &mut want);
+        if mem[pg * PAGE..(pg + 1) * PAGE] != want[..] {
+            bad += 1;
+        }
+    }
+    assert_eq!(bad, 0, "every byte came back");
+    let st = p.stats();
+    let served = st.counters.faults_in_thread - first_touch;
+    assert!(served > 0, "refaults were served in this thread: {st:?}");
+    assert_eq!(st.counters.faults_unmanaged, 0);
+    assert!(st.counters.faults >= st.counters.faults_in_thread, "every in-thread fault is a fault");
+    assert!(st.file_pages > 0 || st.counters.pswpin > 0, "the file tier was used: {st:?}");
+}
+
+#[test]
+fn threads_write_and_read_while_reclaim_evicts() {
+    let p = pager(4 << 20, "zero,pool,file");
+    let n = 4096; // 16 MiB through a 4 MiB budget
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    for pg in 0..n {
+        fill_page(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 0);
+    }
+    let base = r.as_ptr() as usize;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    // Thread t owns the pages with pg % 4 == t: it rewrites them with its round as salt
+    // and checks each against what it last wrote.
+    for t in 0..4usize {
+        let stop = stop.clone();
+        handles.push(std::thread::spawn(move || {
+            let mut salt = vec![0u64; n];
+            let mut x = 0x2545_F491_4F6C_DD1Du64 ^ t as u64;
+            let mut checked = 0u64;
+            let mut round = 1u64;
+            while !stop.load(Ordering::Relaxed) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let pg = (x as usize % (n / 4)) * 4 + t;
+                // SAFETY: page pg is inside the region, which outlives the threads; only
+                // this thread touches it.
+                let page = unsafe { std::slice::from_raw_parts_mut((base + pg * PAGE) as *mut u8, PAGE) };
+                assert!(page_matches(page, pg, salt[pg]), "thread {t} page {pg} salt {}", salt[pg]);
+                checked += 1;
+                if x & 3 == 0 {
+                    round += 1;
+                    salt[pg] = round;
+                    fill_page(page, pg, round);
+                }
+            }
+            checked
+        }));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, Ordering::Relaxed);
+    let checked: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    let st = p.stats();
+    assert!(checked > 1000, "the threads did work: {checked}");
+    assert!(st.counters.faults_in_thread > 100, "faults were served in the threads: {st:?}");
+    assert!(st.counters.pswpout + st.counters.zswpout > 0, "reclaim evicted meanwhile: {st:?}");
+}
+
+/// The limit of signal mode, as documented: the kernel's own access to a swapped-out page
+/// fails with EFAULT and loses nothing; after `prefault` the same call works.
+#[test]
+fn system_calls_on_swapped_out_pages_fail_with_efault_until_prefaulted() {
+    let p = pager(8 << 20, "zero,pool");
+    let n = 64;
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    for pg in 0..n {
+        fill_page(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 3);
+    }
+    p.evict_all();
+    assert_eq!(p.stats().present_pages, 0);
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe(2) fills two fds we then own.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+
+    // write(2) from a swapped-out page.
+    let src = unsafe { r.as_ptr().add(5 * PAGE) };
+    // SAFETY: a page of our region, PAGE bytes.
+    let w = unsafe { libc::write(fds[1], src.cast(), PAGE) };
+    assert_eq!(w, -1, "the kernel cannot fault a swapped-out page in, in signal mode");
+    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EFAULT));
+    r.prefault(5 * PAGE, PAGE, false);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::write(fds[1], src.cast(), PAGE) }, PAGE as isize);
+    let mut got = vec![0u8; PAGE];
+    // SAFETY: reading PAGE bytes into our own buffer.
+    assert_eq!(unsafe { libc::read(fds[0], got.as_mut_ptr().cast(), PAGE) }, PAGE as isize);
+    assert!(page_matches(&got, 5, 3), "write(2) sent the page's bytes");
+
+    // read(2) into a swapped-out page: EFAULT, and the data stays in the pipe.
+    let mut msg = vec![0u8; PAGE];
+    fill_page(&mut msg, 999, 0);
+    // SAFETY: writing our own buffer.
+    assert_eq!(unsafe { libc::write(fds[1], msg.as_ptr().cast(), PAGE) }, PAGE as isize);
+    let dst = unsafe { r.as_ptr().add(9 * PAGE) };
+    // SAFETY: a page of our region.
+    let rd = unsafe { libc::read(fds[0], dst.cast(), PAGE) };
+    assert_eq!(rd, -1);
+    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EFAULT));
+    assert!(page_matches(&r.as_slice()[9 * PAGE..10 * PAGE], 9, 3), "the failed read changed nothing");
+    r.prefault(9 * PAGE, PAGE, true);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::read(fds[0], dst.cast(), PAGE) }, PAGE as isize, "the data waited in the pipe");
+    assert!(page_matches(&r.as_slice()[9 * PAGE..10 * PAGE], 999, 0));
+    // Every other page is intact.
+    for pg in (0..n).filter(|&pg| pg != 9) {
+        assert!(page_matches(&r.as_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 3), "page {pg}");
+    }
+    // SAFETY: closing the fds we own.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+}
+
+extern "C" fn program_handler(_sig: i32, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel's siginfo for this SIGBUS.
+    let code = unsafe { (*info).si_code };
+    let line = format!("program handler: si_code {code}\n");
+    // SAFETY: writing our own buffer, then leaving at once.
+    unsafe {
+        libc::write(1, line.as_ptr().cast(), line.len());
+        libc::_exit(42);
+    }
+}
+
+/// The child of the test below: its own SIGBUS handler first, then a signal-mode pager
+/// whose memory works, then a SIGBUS of its own (a file mapping past the file's end).
+fn chaining_child() {
+    // SAFETY: a zeroed sigaction with a SA_SIGINFO handler of the right type.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction =
+            program_handler as extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
+    }
+    let p = pager(8 << 20, "zero,pool");
+    let n = 256;
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    for pg in 0..n {
+        fill_page(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 5);
+    }
+    p.evict_all();
+    let good = (0..n).filter(|&pg| page_matches(&r.as_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 5)).count();
+    println!("good pages {good} in_thread {}", p.stats().counters.faults_in_thread);
+    std::io::stdout().flush().unwrap();
+    let path = std::env::temp_dir().join(format!("tierswap-sigbus-{}", std::process::id()));
+    let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    f.set_len(1).unwrap();
+    // SAFETY: mapping two pages of a one-byte file: the second page is past its end, and
+    // touching it raises SIGBUS (BUS_ADRERR), which is the program's, not the pager's.
+    let m = unsafe {
+        use std::os::fd::AsRawFd;
+        libc::mmap(std::ptr::null_mut(), 2 * PAGE, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0)
+    };
+    assert_ne!(m, libc::MAP_FAILED);
+    let _ = std::fs::remove_file(&path);
+    // SAFETY: reading the mapping's second page (see above).
+    let v = unsafe { std::ptr::read_volatile((m as *const u8).add(PAGE)) };
+    println!("read past the end: {v}");
+    std::process::exit(0);
+}
+
+#[test]
+fn a_sigbus_that_is_not_a_pagers_reaches_the_programs_handler() {
+    if std::env::var("TIERSWAP_CHAIN_CHILD").is_ok() {
+        return chaining_child();
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "a_sigbus_that_is_not_a_pagers_reaches_the_programs_handler", "--nocapture"])
+        .args(["--test-threads=1"])
+        .env("TIERSWAP_CHAIN_CHILD", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(42), "the program's handler ran: {:?}\n{stdout}\n{stderr}", out.status.signal());
+    let good = stdout
+        .lines()
+        .find_map(|l| l.find("good pages ").map(|at| &l[at..]))
+        .unwrap_or_else(|| panic!("{stdout}\n{stderr}"));
+    assert!(good.starts_with("good pages 256 "), "the pager's memory worked under the program's handler: {good}");
+    let in_thread: u64 = good.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(in_thread >= 256 / 16, "served in the thread: {good}");
+    assert!(stdout.contains(&format!("program handler: si_code {}", libc::BUS_ADRERR)), "{stdout}");
+    assert!(!stdout.contains("read past the end"), "{stdout}");
+}
+
+/// Signal mode does not serve a forked child (its userfaultfd has no fault thread and the
+/// parent's pager must not install pages for it): the child reads what was present at the
+/// fork, and a touch of a swapped-out page ends it with SIGBUS, never with wrong bytes and
+/// never touching the parent, whose memory stays whole.
+#[test]
+fn a_forked_child_gets_sigbus_on_swapped_pages_and_the_parent_is_untouched() {
+    let p = pager(8 << 20, "zero,pool");
+    let n = 256;
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    for pg in 0..n {
+        fill_page(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 9);
+    }
+    p.evict_all();
+    assert!(page_matches(&r.as_slice()[..PAGE], 0, 9), "page 0 is back in the parent");
+    let base = r.as_ptr() as usize;
+    // SAFETY: the child only reads memory and calls _exit (async-signal-safe).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: reads of the region, then _exit.
+        unsafe {
+            let w = std::ptr::read_volatile((base + 8) as *const u64);
+            if w != 1 + 9 {
+                libc::_exit(3);
+            }
+            let _ = std::ptr::read_volatile((base + (n - 1) * PAGE) as *const u64);
+            libc::_exit(4);
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGBUS,
+        "the child read page 0 and died of SIGBUS on a swapped page: status {status:#x}"
+    );
+    let bad = (0..n).filter(|&pg| !page_matches(&r.as_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 9)).count();
+    assert_eq!(bad, 0, "the parent's memory is whole");
+}
