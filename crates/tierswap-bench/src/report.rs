@@ -45,6 +45,13 @@ pub const POLICY_COUNTERS: [&str; 7] = [
     "workingset_activate",
 ];
 
+/// tierswap's counters of the tiers below the pool: the third table prints their medians
+/// beside the refault phase's µs per fault, so the remote tier and the file tier (e.g.
+/// `--tiers zero,pool,remote=… --engine tierswap,tierswap:tiers=zero+pool+file`) compare
+/// row by row. The round-trip percentiles are of the refault phase alone.
+pub const TIER_COUNTERS: [&str; 7] =
+    ["pswpin", "pswpout", "remote_out", "remote_in", "remote_rtt_p50_us", "remote_rtt_p99_us", "remote_errors"];
+
 /// Whether `engine` is a tierswap variant (`tierswap:…`), compared with plain `tierswap`.
 fn is_tierswap_variant(engine: &str) -> bool {
     engine.starts_with("tierswap:")
@@ -88,6 +95,10 @@ pub struct Summary {
     pub refault_faults: Spread,
     /// Medians of [`POLICY_COUNTERS`] over the runs (tierswap engines; empty for the kernel's).
     pub policy_counters: BTreeMap<String, f64>,
+    /// Refault µs per fault of the refault phase, where the engine counts faults (tierswap).
+    pub refault_us_per_fault: Spread,
+    /// Medians of [`TIER_COUNTERS`] over the runs (tierswap engines; empty for the kernel's).
+    pub tier_counters: BTreeMap<String, f64>,
 }
 
 /// Summaries in the order the workloads and engines first appear in `results`.
@@ -136,15 +147,15 @@ pub fn summarize(results: &[RunResult]) -> Vec<Summary> {
                     tierswap_refault_over_this: None,
                     free_s: col(&|r| r.free_s),
                     refault_faults: col(&|r| r.refault_faults as f64),
-                    policy_counters: POLICY_COUNTERS
-                        .iter()
-                        .filter(|name| rs.iter().any(|r| r.counters.contains_key(**name)))
-                        .map(|name| {
-                            let xs: Vec<f64> =
-                                rs.iter().map(|r| r.counters.get(*name).copied().unwrap_or(0) as f64).collect();
-                            (name.to_string(), Spread::of(&xs).median)
-                        })
-                        .collect(),
+                    policy_counters: counter_medians(&rs, &POLICY_COUNTERS),
+                    refault_us_per_fault: col(&|r| {
+                        if r.refault_faults > 0 {
+                            r.refault_s * 1e6 / r.refault_faults as f64
+                        } else {
+                            0.0
+                        }
+                    }),
+                    tier_counters: counter_medians(&rs, &TIER_COUNTERS),
                 }
             })
             .collect();
@@ -168,6 +179,18 @@ pub fn summarize(results: &[RunResult]) -> Vec<Summary> {
         }
     }
     out
+}
+
+/// Medians over `rs` of the counters in `names` that any run has (a run without one counts 0).
+fn counter_medians(rs: &[&RunResult], names: &[&str]) -> BTreeMap<String, f64> {
+    names
+        .iter()
+        .filter(|name| rs.iter().any(|r| r.counters.contains_key(**name)))
+        .map(|name| {
+            let xs: Vec<f64> = rs.iter().map(|r| r.counters.get(*name).copied().unwrap_or(0) as f64).collect();
+            (name.to_string(), Spread::of(&xs).median)
+        })
+        .collect()
 }
 
 fn spread(s: &Spread, digits: usize) -> String {
@@ -232,6 +255,42 @@ pub fn table(machine: &Machine, header: &str, summaries: &[Summary]) -> String {
         ));
     }
     s.push_str(&policy_table(summaries));
+    s.push_str(&tier_table(summaries));
+    s
+}
+
+/// The third table: per tierswap engine, the refault phase's µs per fault and the medians
+/// of [`TIER_COUNTERS`]. Only when some run had a remote tier (the file tier's counters
+/// alone are in the JSON).
+pub fn tier_table(summaries: &[Summary]) -> String {
+    if !summaries.iter().any(|x| x.tier_counters.get("remote_out").is_some_and(|&v| v > 0.0)) {
+        return String::new();
+    }
+    let rows: Vec<&Summary> = summaries.iter().filter(|x| !x.tier_counters.is_empty()).collect();
+    let ew = engine_width(summaries);
+    let mut s = String::from(
+        "\n# tierswap tiers below the pool: µs/fault of the refault phase (median, min–max); counters medians over runs, \
+         pswpin/pswpout the file tier's pages, rtt the remote round trips of the refault phase\n",
+    );
+    s.push_str(&format!("{:<16} {:<ew$} {:>4} {:>24}", "workload", "engine", "runs", "µs/fault"));
+    for name in TIER_COUNTERS {
+        s.push_str(&format!(" {name:>w$}", w = name.len().max(9)));
+    }
+    s.push('\n');
+    for x in rows {
+        s.push_str(&format!(
+            "{:<16} {:<ew$} {:>4} {:>24}",
+            x.workload,
+            x.engine,
+            x.runs,
+            spread(&x.refault_us_per_fault, 1)
+        ));
+        for name in TIER_COUNTERS {
+            let v = x.tier_counters.get(name).map_or("–".into(), |v| format!("{v:.0}"));
+            s.push_str(&format!(" {v:>w$}", w = name.len().max(9)));
+        }
+        s.push('\n');
+    }
     s
 }
 
@@ -355,5 +414,40 @@ mod tests {
         let counters: Vec<&str> = t.lines().skip_while(|l| !l.contains("policy counters")).collect();
         assert_eq!(counters.len(), 4, "comment, header, two tierswap rows: {counters:?}");
         assert!(counters[2].contains(" 200 ") && counters[2].contains(" 10 "), "{}", counters[2]);
+        assert!(!t.contains("tiers below the pool"), "no remote tier, no tier table: {t}");
+    }
+
+    #[test]
+    fn the_remote_tier_and_the_file_tier_side_by_side() {
+        let tiered = |e: &str, refault_s: f64, faults: u64, remote: bool| {
+            let mut r = run("usama_1g", e, refault_s);
+            r.refault_faults = faults;
+            r.counters.insert("pswpin".into(), if remote { 0 } else { 700 });
+            if remote {
+                r.counters.insert("remote_out".into(), 900);
+                r.counters.insert("remote_in".into(), 800);
+                r.counters.insert("remote_rtt_p50_us".into(), 128);
+                r.counters.insert("remote_rtt_p99_us".into(), 4096);
+            }
+            r
+        };
+        let rs = vec![
+            tiered("tierswap", 2.0, 1000, true),
+            tiered("tierswap:tiers=zero+pool+file", 1.0, 1000, false),
+            tiered("tierswap", 4.0, 1000, true),
+            tiered("tierswap:tiers=zero+pool+file", 1.5, 1000, false),
+            tiered("tierswap", 3.0, 1000, true),
+            tiered("tierswap:tiers=zero+pool+file", 0.5, 1000, false),
+        ];
+        let s = summarize(&rs);
+        assert_eq!(s[0].refault_us_per_fault, Spread { median: 3000.0, min: 2000.0, max: 4000.0 });
+        assert_eq!(s[1].refault_us_per_fault.median, 1000.0);
+        assert_eq!(s[0].tier_counters["remote_in"], 800.0);
+        assert_eq!(s[1].tier_counters.get("remote_in"), None, "no run of the file variant has it");
+        let t = table(&Machine::default(), "test", &s);
+        let tiers: Vec<&str> = t.lines().skip_while(|l| !l.contains("tiers below the pool")).collect();
+        assert_eq!(tiers.len(), 4, "comment, header, two rows: {tiers:?}");
+        assert!(tiers[2].contains("3000.0 (2000.0–4000.0)") && tiers[2].contains(" 4096 "), "{}", tiers[2]);
+        assert!(tiers[3].contains("tiers=zero+pool+file") && tiers[3].contains(" 700 "), "{}", tiers[3]);
     }
 }

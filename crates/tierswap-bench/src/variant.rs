@@ -6,7 +6,9 @@
 //! `swapin-max=SIZE` (4K to 2M, a power of two), and the switches `fault-around`,
 //! `workingset`, `keep-clean`, `encrypt`, each also as `no-…`, `spin=US` and
 //! `fault=thread|signal`, `compressor=lz4|zstd|zstd-LEVEL`, `budget=SIZE` (this engine's own
-//! budget instead of `--budget`) and `pool-max=SIZE`. Examples:
+//! budget instead of `--budget`), `pool-max=SIZE` and `tiers=zero+pool+file` (local tiers,
+//! '+' between them: the variant drops a remote tier the flags gave, so the remote and the
+//! file tier run side by side). Examples:
 //! `tierswap:policy=order0`, `tierswap:no-fault-around:swapin-max=2M`. No brackets, no
 //! spaces: the list goes through a shell unquoted. The entry's text is its label in the
 //! table, the JSON and the plots. This module owns parsing and applying; it makes no engine.
@@ -17,7 +19,7 @@ use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
@@ -40,6 +42,8 @@ pub enum Override {
     SpinUs(u32),
     /// `encrypt` / `no-encrypt`.
     Encrypt(bool),
+    /// `tiers=zero+pool+file`: these local tiers and no remote tier.
+    LocalTiers(tierswap::Tiers),
     /// `fault=thread|signal`: who serves a fault.
     Fault(FaultMode),
     /// `compressor=…`: the pool's compressor.
@@ -61,6 +65,10 @@ impl Override {
             Override::KeepClean(on) => config.keep_clean = on,
             Override::Encrypt(on) => config.encrypt = on,
             Override::SpinUs(us) => config.fault_spin_us = us,
+            Override::LocalTiers(t) => {
+                config.tiers = t;
+                config.remote = None;
+            }
             Override::Fault(m) => config.fault_mode = m,
             Override::Compressor(c) => config.compressor = c,
             Override::Budget(b) => config.budget_bytes = b,
@@ -109,6 +117,13 @@ impl Override {
                         value.unwrap_or("")
                     )
                 }),
+            "tiers" => {
+                let v = value.ok_or_else(|| needs("zero+pool+file"))?;
+                v.replace('+', ",")
+                    .parse::<tierswap::Tiers>()
+                    .map(Override::LocalTiers)
+                    .map_err(|e| format!("tiers '{v}': {e} (local tiers joined by '+', e.g. tiers=zero+pool+file)"))
+            }
             "fault" => {
                 let v = value.ok_or_else(|| needs("signal"))?;
                 v.parse::<FaultMode>()
@@ -273,6 +288,21 @@ mod tests {
         assert_eq!((c.budget_bytes, c.pool_max_bytes), (563 << 20, Some(307 << 20)));
         let base = PagerConfig { fault_mode: FaultMode::Signal, ..Default::default() };
         assert_eq!(parse("tierswap:fault=thread").unwrap().pager(&base).fault_mode, FaultMode::Thread);
+    }
+
+    #[test]
+    fn a_tiers_variant_runs_on_local_tiers_only() {
+        let (tiers, remote) = tierswap::parse_tiers("zero,pool,remote=redis://127.0.0.1:7300").unwrap();
+        let base = PagerConfig { tiers, remote, ..Default::default() };
+        let v = parse("tierswap:tiers=zero+pool+file").unwrap();
+        assert_eq!(v.label(), "tierswap:tiers=zero+pool+file");
+        let c = v.pager(&base);
+        assert_eq!(c.tiers, tierswap::Tiers { zero: true, pool: true, file: true });
+        assert_eq!(c.remote, None, "the variant drops the flags' remote tier");
+        assert!(base.remote.is_some(), "the base keeps it");
+        let e = parse("tierswap:tiers=zero+disk").unwrap_err();
+        assert!(e.contains("disk") && e.contains("zero+pool+file"), "{e}");
+        assert!(parse("tierswap:tiers").unwrap_err().contains("tiers=zero+pool+file"));
     }
 
     #[test]

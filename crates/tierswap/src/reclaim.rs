@@ -117,7 +117,7 @@ impl Reclaim {
     }
 
     fn pool_over_limit(&self) -> bool {
-        self.s.file.is_some() && self.s.pool.total_bytes() > self.s.config.pool_max_bytes()
+        (self.s.file.is_some() || self.s.remote.is_some()) && self.s.pool.total_bytes() > self.s.config.pool_max_bytes()
     }
 
     /// Reclaims until the footprint is under the low watermark, or nothing more can be done.
@@ -155,6 +155,14 @@ impl Reclaim {
             if self.pool_over_limit() {
                 self.s.kick_writeback(false);
             }
+            if self.s.pool_backpressure() {
+                // A remote batch's acknowledgement is what frees room now: wait for it
+                // (writeback kicks us after each step) instead of growing the pool.
+                self.s.reclaim_stuck.store(false, Ordering::Relaxed);
+                self.s.kick.wait(Duration::from_millis(5));
+                self.notify_room();
+                continue;
+            }
             let mut progress = 0usize;
             if self.s.staged_pages.load(Ordering::Relaxed) < inactive_target {
                 progress += self.deactivate(BATCH_BLOCKS);
@@ -166,9 +174,7 @@ impl Reclaim {
                 continue;
             }
             // Nothing left to evict: only writing the pool back can shrink the footprint.
-            let below = (self.s.file.is_some() && !self.s.file_off.load(Ordering::Acquire))
-                || self.s.remote.as_ref().is_some_and(|r| !r.is_down());
-            let writeback_can = below && !self.s.wb_failing.load(Ordering::Acquire) && self.s.pool.stored_objects() > 0;
+            let writeback_can = self.s.writeback_target_up() && self.s.pool.stored_objects() > 0;
             if writeback_can {
                 self.s.kick_writeback(true);
                 self.s.reclaim_stuck.store(false, Ordering::Relaxed);
@@ -183,7 +189,14 @@ impl Reclaim {
                         "tierswap: footprint {} MiB is over the budget of {} MiB and nothing more can be evicted{}; going over budget rather than losing data",
                         fp >> 20,
                         self.s.budget() >> 20,
-                        if self.s.file.is_none() && self.s.remote.is_none() { " (no file tier: add 'file' to the tiers)" } else { "" }
+                        match (&self.s.file, &self.s.remote) {
+                            (None, None) => " (no file tier: add 'file' to the tiers)".to_string(),
+                            (None, Some(_)) => format!(
+                                " (the remote tier took no writes for {} s and there is no file tier to fall back on: add 'file' to the tiers)",
+                                crate::backend::remote::WRITE_GRACE.as_secs()
+                            ),
+                            _ => String::new(),
+                        }
                     );
                 }
             }
@@ -412,6 +425,19 @@ impl Reclaim {
         let mut any_clean = false;
         for i in start..end {
             if let Some(old) = r.ptes.try_lock_in(i, PteState::Staged) {
+                let old = match old.kept_slot() {
+                    Some(kept) if !self.kept_copy_reachable(kept) => {
+                        // Its only other copy is on a remote that is failing: evicting it
+                        // clean would leave it there alone. It goes out like a written page.
+                        crate::fault::put_slot(&self.s, kept);
+                        r.ptes.unlock(i, old, old.without_kept_slot());
+                        match r.ptes.try_lock_in(i, PteState::Staged) {
+                            Some(p) => p,
+                            None => continue,
+                        }
+                    }
+                    _ => old,
+                };
                 if old.kept_slot().is_some() {
                     clean[i - start] = true;
                     any_clean = true;
@@ -536,6 +562,12 @@ impl Reclaim {
         self.s.counters.swpout_clean.fetch_add(evicted as u64, Ordering::Relaxed);
         self.s.swap.note_evictions(evicted as u64);
         evicted
+    }
+
+    /// Whether a clean page's kept slot can stand for it: its copy is in memory or on the
+    /// file, or on a remote that has not failed since its last batch written.
+    fn kept_copy_reachable(&self, slot: u64) -> bool {
+        self.s.swap.load(slot).tag() != Tag::Remote || self.s.remote.as_ref().is_some_and(|r| r.healthy())
     }
 
     fn place(&self, slot: u64, e: SwapEntry) {

@@ -37,7 +37,13 @@ pub(crate) struct Writeback {
     writer: Option<UnitWriter>,
     warned_write_error: bool,
     warned_remote_error: bool,
+    /// The last step found no tier to take its objects, or its write failed.
+    failed: bool,
 }
+
+/// Steps in a row that write nothing, without an error, before writeback counts as failing
+/// (objects busy or given a second chance are taken by the next step or the one after).
+const IDLE_STEPS_FAILING: u32 = 3;
 
 /// The writeback thread's loop.
 pub(crate) fn writeback_thread(s: Arc<Shared>) {
@@ -46,6 +52,7 @@ pub(crate) fn writeback_thread(s: Arc<Shared>) {
         Err(e) => fatal(&format!("writeback cannot map its write buffer: {e}")),
     };
     let mut active = false;
+    let mut idle_steps = 0u32;
     let mut last_delete = std::time::Instant::now();
     loop {
         w.s.wb_kick.wait(Duration::from_millis(10));
@@ -70,7 +77,11 @@ pub(crate) fn writeback_thread(s: Arc<Shared>) {
                 break;
             }
             let n = w.writeback(WRITEBACK_CLUSTERS);
-            w.s.wb_failing.store(n == 0 && w.s.pool.stored_objects() > 0, Ordering::Release);
+            idle_steps = if n == 0 { idle_steps.saturating_add(1) } else { 0 };
+            // A step that wrote nothing because its clusters' objects were busy or had a
+            // second chance coming is not a failure: faults keep waiting for the next one.
+            let failing = n == 0 && w.s.pool.stored_objects() > 0 && (w.failed || idle_steps >= IDLE_STEPS_FAILING);
+            w.s.wb_failing.store(failing, Ordering::Release);
             w.s.kick_reclaim();
             if n == 0 {
                 // Nothing could be written (all busy, or the disk refuses): try again later.
@@ -121,13 +132,14 @@ impl Writeback {
             Some(_) => Some(UnitWriter::new(s.config.file_unit_bytes)?),
             None => None,
         };
-        Ok(Writeback { s, writer, warned_write_error: false, warned_remote_error: false })
+        Ok(Writeback { s, writer, warned_write_error: false, warned_remote_error: false, failed: false })
     }
 
     /// Writes back the pool objects of the `n_clusters` coldest clusters to the file, many
     /// per write. Returns objects written.
     pub(crate) fn writeback(&mut self, n_clusters: usize) -> usize {
         let s = self.s.clone();
+        self.failed = false;
         // A remote that cannot keep up (the pool half again over its limit) counts as slow:
         // with a file tier, this step goes there instead.
         let pool_max = s.config.pool_max_bytes();
@@ -138,11 +150,13 @@ impl Writeback {
             }
         }
         if s.file.is_none() {
+            self.failed = true;
             return 0;
         }
         // Drain holds this while it empties the file: no new units meanwhile.
         let _gate = s.file_gate.read().unwrap_or_else(|e| e.into_inner());
         if s.file_off.load(Ordering::Acquire) {
+            self.failed = true;
             return 0;
         }
         let Some(mut w) = self.writer.take() else {
@@ -210,6 +224,8 @@ impl Writeback {
     fn writeback_remote(&mut self, n_clusters: usize) -> Option<usize> {
         let s = self.s.clone();
         let remote = s.remote.as_ref()?;
+        // Reclaim holds off filling the pool while this lasts (see `Shared::pool_backpressure`).
+        let _in_flight = remote.batch_started();
         let clusters = s.swap.take_coldest(n_clusters);
         let mut held: Vec<(u64, SwapEntry)> = Vec::new();
         let mut requeue = Vec::new();
@@ -254,6 +270,14 @@ impl Writeback {
         drop(items);
         match res {
             Ok(versions) => {
+                s.wb_failing.store(false, Ordering::Release);
+                if let Some(outage) = remote.mark_written() {
+                    if self.warned_remote_error {
+                        // The next outage is worth a line of its own.
+                        self.warned_remote_error = false;
+                        eprintln!("tierswap: the remote tier takes writes again after {} ms", outage.as_millis());
+                    }
+                }
                 let n = held.len();
                 for ((slot, e), version) in held.into_iter().zip(versions) {
                     let (h, len) = e.addr_len();
@@ -313,6 +337,7 @@ impl Writeback {
                 Some(n)
             }
             Err(err) => {
+                self.failed = true;
                 self.s.counters.writeback_errors.fetch_add(1, Ordering::Relaxed);
                 if !self.warned_write_error {
                     self.warned_write_error = true;

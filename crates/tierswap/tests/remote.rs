@@ -364,3 +364,309 @@ fn stopping_the_cluster_keeps_the_program_running_on_pool_and_file() {
     assert!((300..10_000).contains(&ms), "retried with backoff (100 + 200 ms), then gave up: {line}");
     assert!(stderr.contains("remote tier") && stderr.contains("SIGBUS"), "the log says why: {stderr}");
 }
+
+/// Samples the footprint every millisecond until dropped; `max()` is the highest seen (or
+/// noted by the pager itself).
+struct FootprintSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<(Stats, u64)>>,
+}
+
+impl FootprintSampler {
+    fn start(p: &std::sync::Arc<Pager>) -> FootprintSampler {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (p, s) = (p.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut worst = p.stats();
+            let mut samples = 0;
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                let st = p.stats();
+                samples += 1;
+                if st.footprint > worst.footprint {
+                    worst = st;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            (worst, samples)
+        });
+        FootprintSampler { stop, thread: Some(thread) }
+    }
+
+    /// The stats at the highest footprint sampled, and the number of samples.
+    fn finish(mut self) -> (Stats, u64) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for FootprintSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Stops (SIGSTOP) every server of `c` for `for_ms` when told to, then lets them go on.
+fn stall_cluster_on_signal(c: &Cluster, for_ms: u64) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let pids: Vec<i32> = c
+        .ports()
+        .map(|pt| {
+            std::fs::read_to_string(c.dir.join(pt.to_string()).join("redis.pid")).unwrap().trim().parse().unwrap()
+        })
+        .collect();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let h = std::thread::spawn(move || {
+        if rx.recv().is_err() {
+            return;
+        }
+        for &pid in &pids {
+            // SAFETY: kill(2) on the pid of a redis-server this test started.
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+        }
+        std::thread::sleep(Duration::from_millis(for_ms));
+        for &pid in &pids {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+        }
+    });
+    (tx, h)
+}
+
+#[test]
+fn the_footprint_stays_under_the_budget_with_only_the_remote_below_the_pool() {
+    let c = Cluster::start("footprint", 7260);
+    let budget: u64 = 32 << 20;
+    // The lab's usama_1g ratios: data 4 x budget, pool limit 1/8 of it; no file tier.
+    let cfg = PagerConfig { budget_bytes: budget, pool_max_bytes: Some(budget / 8), ..config(&c, false, 0, 3) };
+    let p = std::sync::Arc::new(Pager::new(cfg).unwrap());
+    let n = (4 * budget) as usize / PAGE;
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    // Every server stops answering for 1.5 s (longer than a round trip's timeout) while a
+    // quarter of the data is in: a batch on the wire fails, the remote is marked down and
+    // retried; the program waits for room meanwhile instead of growing past the budget.
+    let (stall, staller) = stall_cluster_on_signal(&c, 1500);
+    let sampler = FootprintSampler::start(&p);
+    {
+        let mem = r.as_mut_slice();
+        for (pg, page) in mem.chunks_exact_mut(PAGE).enumerate() {
+            if pg == n / 4 {
+                stall.send(()).unwrap();
+            }
+            page_content(8, pg, false, page);
+        }
+    }
+    staller.join().unwrap();
+    let (bad, checked) = mismatches(&r, 8, false, |_| true);
+    let (worst, samples) = sampler.finish();
+    let st = p.stats();
+    let peak = worst.footprint.max(st.counters.footprint_max);
+    eprintln!(
+        "{samples} samples; footprint peak {:.4} x budget (present {} staged {} pool {} B, remote {}); remote_out {} remote_in {} remote_errors {} throttled_faults {}",
+        peak as f64 / budget as f64,
+        worst.present_pages,
+        worst.staged_pages,
+        worst.pool_total_size,
+        worst.remote_pages,
+        st.counters.remote_out,
+        st.counters.remote_in,
+        st.counters.remote_errors,
+        st.counters.throttled_faults
+    );
+    assert_eq!((bad, checked), (0, n), "every byte came back");
+    assert!(samples > 100, "sampled all along: {samples}");
+    assert!(peak as f64 <= 1.05 * budget as f64, "footprint peak {peak} over 1.05 x budget {budget}: {worst:?}");
+    assert!(st.counters.remote_errors > 0, "the stall was felt: {st:?}");
+    assert!(st.counters.remote_out > 0 && st.counters.remote_in > 0, "{st:?}");
+    assert!(st.counters.throttled_faults > 0, "faults waited for room: {st:?}");
+    assert_eq!(st.counters.over_budget_events, 0, "the pager never gave up on the budget: {st:?}");
+}
+
+/// A primary: port, node id, slot ranges (first, last).
+type Primary = (u16, String, Vec<(u16, u16)>);
+
+/// The primaries of `c`.
+fn primaries(c: &Cluster) -> Vec<Primary> {
+    let nodes = c.cli(c.base, &["cluster", "nodes"]);
+    let mut out = Vec::new();
+    for line in nodes.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.len() < 8 || !w[2].contains("master") || w[2].contains("fail") {
+            continue;
+        }
+        let port: u16 = w[1].split('@').next().unwrap().rsplit(':').next().unwrap().parse().unwrap();
+        let ranges = w[8..]
+            .iter()
+            .filter(|r| !r.starts_with('['))
+            .map(|r| match r.split_once('-') {
+                Some((a, b)) => (a.parse().unwrap(), b.parse().unwrap()),
+                None => (r.parse().unwrap(), r.parse().unwrap()),
+            })
+            .collect();
+        out.push((port, w[0].to_string(), ranges));
+    }
+    out
+}
+
+#[test]
+fn pages_come_back_while_their_slot_migrates_between_primaries() {
+    use tierswap::backend::resp::key_slot;
+    let c = Cluster::start("ask", 7280);
+    let p = Pager::new(config(&c, false, 0, 3)).unwrap();
+    let n = 4096;
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    fill(&mut r, 9, false);
+    let st = evict_to_writeback(&p);
+    assert_eq!(st.remote_pages, n as u64, "every page is remote: {st:?}");
+
+    // The hash slot holding the most of our objects (512 versions share one).
+    let mut client = ClusterClient::connect(&c.seeds, Duration::from_secs(2)).unwrap();
+    let keys = client.scan_keys(b"ts:*").unwrap();
+    assert_eq!(keys.len(), n);
+    let mut by_slot: std::collections::BTreeMap<u16, Vec<Vec<u8>>> = Default::default();
+    for k in keys {
+        by_slot.entry(key_slot(&k)).or_default().push(k);
+    }
+    let (&slot, slot_keys) = by_slot.iter().max_by_key(|(_, v)| v.len()).unwrap();
+    assert!(slot_keys.len() >= 64, "a slot with a batch's objects: {}", slot_keys.len());
+    let prim = primaries(&c);
+    assert_eq!(prim.len(), 3, "{prim:?}");
+    let owns = |ranges: &[(u16, u16)]| ranges.iter().any(|&(a, b)| (a..=b).contains(&slot));
+    let (src_port, src_id, _) = prim.iter().find(|(_, _, r)| owns(r)).unwrap().clone();
+    let (dst_port, dst_id, _) = prim.iter().find(|(pt, _, _)| *pt != src_port).unwrap().clone();
+
+    // Start moving the slot, and move half its keys: the other half stays on the source,
+    // which answers ASK for the moved ones (the slot map still names the source).
+    let s = slot.to_string();
+    assert_eq!(c.cli(dst_port, &["cluster", "setslot", &s, "importing", &src_id]).trim(), "OK");
+    assert_eq!(c.cli(src_port, &["cluster", "setslot", &s, "migrating", &dst_id]).trim(), "OK");
+    let moved: Vec<&Vec<u8>> = slot_keys.iter().step_by(2).collect();
+    let mut args: Vec<String> = ["migrate", "127.0.0.1", &dst_port.to_string(), "", "0", "5000", "KEYS"]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+    args.extend(moved.iter().map(|k| String::from_utf8(k.to_vec()).unwrap()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(c.cli(src_port, &args).trim(), "OK");
+    let on = |port: u16| c.cli(port, &["cluster", "countkeysinslot", &s]).trim().parse::<usize>().unwrap();
+    assert_eq!(on(dst_port), moved.len(), "the moved keys are on the destination");
+    assert_eq!(on(src_port), slot_keys.len() - moved.len(), "the rest is still on the source");
+    let ask = c.cli(src_port, &["get", std::str::from_utf8(moved[0]).unwrap()]);
+    assert!(ask.contains("ASK"), "the source redirects a moved key: {ask}");
+
+    // Every page reads back, the moved ones through ASK (prefetch and single GETs alike).
+    let (bad, checked) = mismatches(&r, 9, false, |_| true);
+    let st = p.stats();
+    assert_eq!((bad, checked), (0, n), "every byte came back across the migration: {st:?}");
+    assert_eq!(st.counters.remote_in, n as u64);
+    assert_eq!(st.counters.remote_read_failed, 0);
+
+    // Finish the migration; then new pages round-trip and the pager's cleanup finds every key.
+    let mut rest: Vec<String> = ["migrate", "127.0.0.1", &dst_port.to_string(), "", "0", "5000", "KEYS"]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+    let left = c.cli(src_port, &["cluster", "getkeysinslot", &s, "100000"]);
+    rest.extend(left.lines().map(str::to_string).filter(|l| !l.is_empty()));
+    if rest.len() > 7 {
+        let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
+        c.cli(src_port, &rest);
+    }
+    for port in [dst_port, src_port] {
+        assert_eq!(c.cli(port, &["cluster", "setslot", &s, "node", &dst_id]).trim(), "OK");
+    }
+    fill(&mut r, 10, false);
+    let st = evict_to_writeback(&p);
+    assert_eq!(st.remote_pages, n as u64);
+    let (bad, checked) = mismatches(&r, 10, false, |_| true);
+    assert_eq!((bad, checked), (0, n), "every byte came back after the slot moved: {:?}", p.stats());
+    fill(&mut r, 11, false);
+    evict_to_writeback(&p);
+    drop(r);
+    drop(p);
+    assert_eq!(c.all_keys(), 0, "the pager's keys are gone after it exits");
+}
+
+#[test]
+fn a_cluster_gone_for_good_without_a_file_tier_costs_the_budget_not_the_program() {
+    let c = Cluster::start("gone", 7250);
+    let budget: u64 = 32 << 20;
+    let cfg = PagerConfig { budget_bytes: budget, pool_max_bytes: Some(budget / 8), ..config(&c, false, 0, 3) };
+    let p = std::sync::Arc::new(Pager::new(cfg).unwrap());
+    let n_a = 2048;
+    let mut a = p.region(n_a * PAGE, Hint::Normal).unwrap();
+    fill(&mut a, 12, false);
+    let st = evict_to_writeback(&p);
+    assert!(st.remote_pages > 0, "{st:?}");
+    c.stop();
+    let t_stop = Instant::now();
+
+    // Four budgets of new data while no server answers: the pool is the only place for it
+    // (about two budgets compressed). Within the grace faults wait for the remote; then
+    // the program goes on over budget (counted) instead of hanging.
+    let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(Duration, u64)>::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (p, samples, stop) = (p.clone(), samples.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let f = p.footprint_bytes();
+                samples.lock().unwrap().push((t_stop.elapsed(), f));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let n_b = (4 * budget) as usize / PAGE;
+    let mut b = p.region(n_b * PAGE, Hint::Normal).unwrap();
+    fill(&mut b, 13, false);
+    let filled = t_stop.elapsed();
+    let (bad, checked) = mismatches(&b, 13, false, |_| true);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    sampler.join().unwrap();
+    let st = p.stats();
+    let samples = samples.lock().unwrap();
+    let grace = tierswap::backend::remote::WRITE_GRACE;
+    let within: u64 = samples.iter().filter(|(t, _)| *t < grace).map(|&(_, f)| f).max().unwrap();
+    let after: u64 = samples.iter().map(|&(_, f)| f).max().unwrap();
+    eprintln!(
+        "filled in {filled:?}; footprint within the grace {:.3} x budget, afterwards {:.3}; over_budget_events {}",
+        within as f64 / budget as f64,
+        after as f64 / budget as f64,
+        st.counters.over_budget_events
+    );
+    assert_eq!((bad, checked), (0, n_b), "every byte of the new data came back");
+    assert!(filled >= grace, "faults waited for the remote through the grace: {filled:?}");
+    assert!(filled < grace + Duration::from_secs(30), "then the program went on: {filled:?}");
+    assert!(within as f64 <= 1.05 * budget as f64, "within the grace the budget held: {within}");
+    assert!(after > budget, "afterwards the data (two budgets compressed) is over it: {after}");
+    assert!(st.counters.over_budget_events > 0, "going over budget is counted: {st:?}");
+    drop(a);
+}
+
+#[test]
+fn pages_read_from_a_failing_remote_are_not_left_there_alone() {
+    let c = Cluster::start("clean", 7270);
+    let p = Pager::new(config(&c, false, 0, 3)).unwrap();
+    let n = 2048;
+    let mut a = p.region(n * PAGE, Hint::Normal).unwrap();
+    fill(&mut a, 14, false);
+    let st = evict_to_writeback(&p);
+    assert_eq!(st.remote_pages, n as u64, "{st:?}");
+    // B waits in the pool (under its limit) for a writeback that will fail.
+    let mut b = p.region(n * PAGE, Hint::Normal).unwrap();
+    fill(&mut b, 15, false);
+    p.evict_all();
+    assert!(p.stats().pool_stored_pages > 0);
+    // A is read back (not written): a clean page may keep its remote slot, so that
+    // evicting it again costs nothing while the remote is well.
+    assert_eq!(mismatches(&a, 14, false, |_| true), (0, n));
+    c.stop();
+    // A writeback batch of B finds the cluster gone: the remote counts as failing now.
+    assert_eq!(p.writeback_now(), 0, "nothing can be written back with the cluster down");
+    assert!(p.stats().counters.remote_errors > 0);
+    // Evicting A again must not leave the remote as its only copy.
+    p.evict_all();
+    let (bad_a, checked_a) = mismatches(&a, 14, false, |_| true);
+    let (bad_b, checked_b) = mismatches(&b, 15, false, |_| true);
+    let st = p.stats();
+    assert_eq!((bad_a, checked_a, bad_b, checked_b), (0, n, 0, n), "{st:?}");
+    assert_eq!(st.counters.remote_read_failed, 0, "no page needed the remote: {st:?}");
+}

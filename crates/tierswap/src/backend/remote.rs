@@ -42,6 +42,10 @@ const KEY_BYTES: usize = 40;
 pub const DELETE_BATCH: usize = 1024;
 /// How long writeback leaves the remote alone after a failed batch.
 const DOWN_BACKOFF: Duration = Duration::from_secs(1);
+/// How long a remote that fails every write is still counted on to come back: the pager
+/// keeps the budget (faults wait for writeback) this long into an outage, then goes over
+/// it rather than hang the program (see [`RemoteTier::retrying`]).
+pub const WRITE_GRACE: Duration = Duration::from_secs(10);
 /// Largest retry wait of a fault.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// The file offset field of a remote record's AAD: no file record has it.
@@ -128,6 +132,15 @@ impl RemotePrefetch {
     }
 }
 
+/// A writeback batch in flight, see [`RemoteTier::batch_started`].
+pub struct BatchInFlight<'a>(&'a AtomicU64);
+
+impl Drop for BatchInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// A client and its read buffer, lent to one thread at a time.
 struct Lent {
     client: ClusterClient,
@@ -142,8 +155,19 @@ pub struct RemoteTier {
     next_version: AtomicU64,
     idle: Mutex<Vec<Lent>>,
     pending_del: Mutex<Vec<u64>>,
-    down_until: Mutex<Option<Instant>>,
+    health: Mutex<Health>,
     live_objects: AtomicU64,
+    /// Writeback batches on the wire now.
+    batches_in_flight: AtomicU64,
+}
+
+/// What the last round trips said about the store.
+#[derive(Default)]
+struct Health {
+    /// Writeback leaves the remote alone until then (a round trip failed).
+    down_until: Option<Instant>,
+    /// The first failure since the last batch written: the outage's start.
+    failing_since: Option<Instant>,
 }
 
 impl std::fmt::Debug for RemoteTier {
@@ -167,8 +191,9 @@ impl RemoteTier {
             next_version: AtomicU64::new(1),
             idle: Mutex::new(vec![Lent { client, rec: vec![0u8; record_bytes(PAGE_SIZE)] }]),
             pending_del: Mutex::new(Vec::with_capacity(2 * DELETE_BATCH)),
-            down_until: Mutex::new(None),
+            health: Mutex::new(Health::default()),
             live_objects: AtomicU64::new(0),
+            batches_in_flight: AtomicU64::new(0),
         })
     }
 
@@ -202,12 +227,52 @@ impl RemoteTier {
 
     /// Whether writeback should skip the remote for now (a recent batch failed).
     pub fn is_down(&self) -> bool {
-        let d = self.down_until.lock().unwrap_or_else(|e| e.into_inner());
-        matches!(*d, Some(t) if Instant::now() < t)
+        let h = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        matches!(h.down_until, Some(t) if Instant::now() < t)
+    }
+
+    /// Whether the remote is failing but still counted on: its writes have failed for less
+    /// than [`WRITE_GRACE`], and writeback tries it again every second. A failover or a
+    /// restart of a node fits in that; a cluster gone for longer does not, and the pager
+    /// then stops holding the program to the budget for it.
+    pub fn retrying(&self) -> bool {
+        let h = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        matches!(h.failing_since, Some(t) if t.elapsed() < WRITE_GRACE)
+    }
+
+    /// Whether a writeback batch is being made or is on the wire now: its pool objects are
+    /// freed when the store acknowledges it.
+    pub fn batch_in_flight(&self) -> bool {
+        self.batches_in_flight.load(Ordering::Acquire) > 0
+    }
+
+    /// Counts a writeback batch in flight until the guard is dropped (from claiming its
+    /// objects to freeing them).
+    pub fn batch_started(&self) -> BatchInFlight<'_> {
+        self.batches_in_flight.fetch_add(1, Ordering::AcqRel);
+        BatchInFlight(&self.batches_in_flight)
+    }
+
+    /// Whether no round trip has failed since the last batch written.
+    pub fn healthy(&self) -> bool {
+        self.health.lock().unwrap_or_else(|e| e.into_inner()).failing_since.is_none()
     }
 
     fn mark_down(&self) {
-        *self.down_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + DOWN_BACKOFF);
+        let mut h = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        h.down_until = Some(now + DOWN_BACKOFF);
+        h.failing_since.get_or_insert(now);
+    }
+
+    /// Ends an outage: a batch was written ([`RemoteTier::put_batch`] leaves this to its
+    /// caller, which first says writeback works again, so nobody sees a healthy remote
+    /// whose writeback still counts as failing). Returns how long the outage it ended
+    /// lasted, if there was one.
+    pub fn mark_written(&self) -> Option<Duration> {
+        let mut h = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        h.down_until = None;
+        h.failing_since.take().map(|t| t.elapsed())
     }
 
     fn lend(&self) -> Result<Lent, RemoteError> {
@@ -226,7 +291,8 @@ impl RemoteTier {
     /// per node, `WAIT` included when replicas are asked for. Returns each item's version
     /// once every object is acknowledged (and durable as configured). On error nothing
     /// counts as written; objects a node may have taken are queued for deletion, and
-    /// writeback leaves the remote alone for a moment.
+    /// writeback leaves the remote alone for a moment. On success the caller ends any
+    /// outage with [`RemoteTier::mark_written`].
     pub fn put_batch(&self, items: &[(u64, &[u8])], counters: &Counters) -> Result<Vec<u64>, RemoteError> {
         let n = items.len() as u64;
         let first = self.next_version.fetch_add(n, Ordering::Relaxed);
@@ -513,8 +579,9 @@ mod tests {
             next_version: AtomicU64::new(1),
             idle: Mutex::new(Vec::new()),
             pending_del: Mutex::new(Vec::new()),
-            down_until: Mutex::new(None),
+            health: Mutex::new(Health::default()),
             live_objects: AtomicU64::new(0),
+            batches_in_flight: AtomicU64::new(0),
         };
         let mut b = [0u8; KEY_BYTES];
         let n = t.key(513, &mut b);

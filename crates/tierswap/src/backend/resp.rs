@@ -873,8 +873,12 @@ mod tests {
                                     let (h, p) = a.rsplit_once(':').unwrap();
                                     format!("*2\r\n${}\r\n{h}\r\n:{p}\r\n", h.len())
                                 };
-                                format!("*2\r\n*3\r\n:0\r\n:8191\r\n{}*3\r\n:8192\r\n:16383\r\n{}", node(&map[0]), node(&map[1]))
-                                    .into_bytes()
+                                format!(
+                                    "*2\r\n*3\r\n:0\r\n:8191\r\n{}*3\r\n:8192\r\n:16383\r\n{}",
+                                    node(&map[0]),
+                                    node(&map[1])
+                                )
+                                .into_bytes()
                             }
                             b"GET" if close_on_get => return,
                             b"GET" => {
