@@ -363,7 +363,7 @@ fn swap_in(
             && !write
             && count == 1
             && slot <= Pte::MAX_KEPT_SLOT
-            && (tag == Tag::File || (tag == Tag::Pool && pool_roomy))
+            && (tag == Tag::File || tag == Tag::Remote || (tag == Tag::Pool && pool_roomy))
     };
     // Remote pages of the range come in one round trip per node, fetched before any entry
     // is locked; each is opened against its locked entry (slot and version) when read below.
@@ -723,8 +723,10 @@ fn wait_for_room(s: &Shared) {
         s.kick_reclaim();
         let now = Instant::now();
         if now >= deadline {
-            // Reclaim cannot make room (nothing evictable left): going over budget beats
-            // hanging the program. Reclaim counts and reports it.
+            // Reclaim cannot make room (nothing evictable left, or nowhere to put it):
+            // going over budget beats hanging the program. Counted here too, since reclaim
+            // counts only the passes that found nothing to evict.
+            s.counters.over_budget_events.fetch_add(1, Ordering::Relaxed);
             return;
         }
         let gen = *g;

@@ -127,7 +127,8 @@ counters! {
     pgsteal,
     /// Faults that waited for reclaim to bring the footprint under the budget.
     throttled_faults,
-    /// Times reclaim could not bring the footprint under budget (nothing left to evict).
+    /// Times the footprint could not be kept under budget: a reclaim pass with nothing left
+    /// to evict, or a fault that waited 2 s for room and went on.
     over_budget_events,
     /// Highest footprint seen by the pager's own sampling.
     footprint_max,

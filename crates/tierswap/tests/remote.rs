@@ -191,9 +191,12 @@ fn pages_round_trip_through_the_cluster_every_byte() {
     let st2 = p.stats();
     assert_eq!(st2.counters.remote_in, st.remote_pages, "each remote page read once: {st2:?}");
     assert_eq!(st2.counters.remote_read_failed, 0);
-    assert_eq!(st2.remote_pages, 0);
+    assert_eq!(st2.remote_pages, st.remote_pages, "pages read back keep their remote copy while clean");
 
-    // Freed slots delete their objects (batched, sent by the writeback thread).
+    // Writing the pages frees their slots (write-protect faults), and freed slots delete
+    // their objects (batched, sent by the writeback thread).
+    fill(&mut r, 1, true);
+    assert_eq!(p.stats().remote_pages, 0, "written pages gave up their remote copy");
     let deadline = Instant::now() + Duration::from_secs(10);
     while p.remote_keys().unwrap().unwrap() > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
