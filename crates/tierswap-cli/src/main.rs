@@ -367,8 +367,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
     }
     let compressor: Compressor = b.compressor.parse()?;
     let swapin_policy: SwapinPolicy = b.policy.parse().map_err(|e| UserError(format!("--policy: {e}")))?;
-    let fault_mode: tierswap::FaultMode =
-        b.fault_mode.parse().map_err(|e| UserError(format!("--fault-mode: {e}")))?;
+    let fault_mode: tierswap::FaultMode = b.fault_mode.parse().map_err(|e| UserError(format!("--fault-mode: {e}")))?;
     let swapin_max_bytes = size("--swapin-max", &b.swapin_max)?;
     let swapin_max_pages = swapin_max_pages(swapin_max_bytes).map_err(|e| UserError(format!("--swapin-max {e}")))?;
     let pool_max_bytes = match &b.pool_max {

@@ -389,7 +389,10 @@ pub(crate) fn teardown(s: &Shared, r: &RegionInner) {
 // The snapshot is taken when the FORK event is handled: while it is queued the parent's
 // own installs fail with EAGAIN (the kernel raises mmap_changing), so no page becomes
 // present meanwhile; a staged page evicted meanwhile has the same bytes in its slot. So
-// the ptes seen then are the ptes at fork. Swapped pages: the child takes a reference on
+// the ptes seen then are the ptes at fork. Between the read (which lets the fork finish)
+// and the snapshot, forkgate.rs keeps installs away for glibc's fork(): the reader holds
+// the event lock from before the fork until the snapshot is taken, and no fault is served
+// meanwhile. Swapped pages: the child takes a reference on
 // the slot (the swap count), and the parent's swap-in or discard only drops its own.
 // Staged pages are copied at once (bounded by the inactive list). Nothing is read from
 // swap until the child touches a page: fork + exec costs one walk of the page tables.

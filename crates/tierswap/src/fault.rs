@@ -83,11 +83,16 @@ pub(crate) fn fault_thread(s: Arc<Shared>) {
         Ok(b) => b,
         Err(e) => fatal(&format!("a fault thread cannot map its buffers: {e}")),
     };
-    let mut events = Vec::with_capacity(64);
+    // Room for what a fork's wait reads before anything is handled (forkgate.rs): one
+    // message per program thread blocked in a fault or an event, and the fork's own.
+    let mut events = Vec::with_capacity(FORK_WAIT_MESSAGES);
+    let mut mirror_events = Vec::with_capacity(64);
     let spin = Duration::from_micros(s.config.fault_spin_us as u64);
     // When this thread last served something: it polls without sleeping until `spin` after.
     let mut last_served: Option<Instant> = None;
     let fds = [s.uffd.as_raw_fd(), s.mirror_uffd.as_raw_fd(), s.stop_fd.as_raw_fd()];
+    // Every allocation of this thread's start is behind it: a fork may begin now.
+    s.fault_thread_started();
     while !s.shutdown.load(Ordering::Acquire) {
         let spinning = last_served.is_some_and(|t| t.elapsed() < spin);
         let mut mirror = spinning;
@@ -99,8 +104,12 @@ pub(crate) fn fault_thread(s: Arc<Shared>) {
             }
         }
         if mirror {
-            serve_mirror_faults(&s, &mut events);
+            serve_mirror_faults(&s, &mut mirror_events);
         }
+        let Some(_busy) = crate::forkgate::try_enter() else {
+            fork_wait(&s, &mut events, &mut mirror_events, &mut scratch);
+            continue;
+        };
         events.clear();
         {
             // Events are read and handled one reader at a time, in queue order (events.rs).
@@ -133,6 +142,63 @@ pub(crate) fn fault_thread(s: Arc<Shared>) {
     }
 }
 
+/// Messages a fault thread can hold while a fork holds the gate.
+const FORK_WAIT_MESSAGES: usize = 256;
+
+/// A fork is closing the gate (forkgate.rs): no allocation until it is done. Once the
+/// busy sections have ended, hold the event lock and read messages, the fork's included,
+/// into room `events` already has; when the gate opens, handle them in queue order (the
+/// fork snapshot before any fault, so no page changes between the fork and its snapshot).
+fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<Event>, scratch: &mut Scratch) {
+    crate::forkgate::wait_while_closing();
+    if !crate::forkgate::is_closed() {
+        return;
+    }
+    let ev_lock = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
+    events.clear();
+    let fds = [s.uffd.as_raw_fd(), s.mirror_uffd.as_raw_fd()];
+    let mut forks = 0;
+    let busy = loop {
+        if let Some(b) = crate::forkgate::enter_unless_closed() {
+            break b;
+        }
+        let ready = uffd::poll_fds(&fds, 1).unwrap_or(0);
+        if ready & 0b10 != 0 {
+            serve_mirror_faults(s, mirror_events);
+        }
+        let room = events.capacity() - events.len();
+        if ready & 0b01 == 0 || room == 0 {
+            continue;
+        }
+        let before = events.len();
+        if s.uffd.read_events(events, room.min(64)).is_err() {
+            continue;
+        }
+        let new_forks = events[before..].iter().filter(|e| matches!(e, Event::Fork { .. })).count();
+        if new_forks > 0 {
+            // Faults served in the faulting threads wait for the snapshot (serve_in_thread).
+            s.fork_hold.fetch_add(new_forks as u32, Ordering::SeqCst);
+            forks += new_forks;
+        }
+    };
+    for ev in events.iter_mut() {
+        if !matches!(ev, Event::PageFault { .. }) {
+            let ev = std::mem::replace(ev, Event::Unknown(0));
+            crate::events::handle_event(s, ev);
+        }
+    }
+    s.fork_hold.fetch_sub(forks as u32, Ordering::SeqCst);
+    drop(ev_lock);
+    for ev in events.drain(..) {
+        match ev {
+            Event::PageFault { addr, wp: true, .. } => handle_wp_fault(s, addr),
+            Event::PageFault { addr, write, .. } => handle_fault(s, addr, write, scratch),
+            _ => {}
+        }
+    }
+    drop(busy);
+}
+
 /// Serves a fault of a signal-mode pager in the faulting thread ([`crate::sigbus`]):
 /// `access` is (write, protection) from the CPU when known. Returns whether the address is
 /// this pager's (the signal then needs nothing more: the access is retried). `pass` 0 looks
@@ -141,6 +207,12 @@ pub(crate) fn fault_thread(s: Arc<Shared>) {
 /// userfaultfd (memory an mremap grew, which stays unmanaged as in thread mode).
 pub(crate) fn serve_in_thread(s: &Shared, addr: usize, access: Option<(bool, bool)>, pass: u32) -> bool {
     let page_addr = addr & !(PAGE_SIZE - 1);
+    // A fork holds the gate, or its snapshot is not taken yet: install nothing, let the
+    // access fault again (forkgate.rs). Only for the moment a fork takes.
+    let Some(_busy) = crate::forkgate::enter_unless_closed() else { return true };
+    if s.fork_hold.load(Ordering::SeqCst) > 0 {
+        return true;
+    }
     if pass == 2 {
         return match s.uffd.zeropage(page_addr, PAGE_SIZE, true) {
             Ok(_) => {

@@ -20,6 +20,7 @@ pub mod config;
 pub mod control;
 pub mod events;
 pub mod fault;
+pub(crate) mod forkgate;
 pub mod inject;
 pub mod page;
 pub mod pager;
@@ -33,6 +34,8 @@ pub mod sys;
 pub mod uffd;
 pub mod writeback;
 
-pub use config::{parse_size, parse_tiers, Compressor, FaultMode, Hint, PagerConfig, RemoteConfig, SwapinPolicy, Tiers};
+pub use config::{
+    parse_size, parse_tiers, Compressor, FaultMode, Hint, PagerConfig, RemoteConfig, SwapinPolicy, Tiers,
+};
 pub use pager::{DrainReport, Error, Pager, Region, Result, Tier};
 pub use stats::Stats;

@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -323,6 +323,11 @@ pub(crate) struct Shared {
     /// in progress at once (a thread finding all taken yields and tries again). Empty in
     /// thread mode.
     pub(crate) signal_scratch: Vec<Mutex<crate::fault::Scratch>>,
+    /// Fork messages read while a fork held the gate whose snapshot is not taken yet:
+    /// faults served in the faulting threads wait (forkgate.rs).
+    pub(crate) fork_hold: AtomicU32,
+    /// Fault threads past their start (their last allocation outside a busy section).
+    pub(crate) started: (Mutex<usize>, Condvar),
 }
 
 impl Shared {
@@ -446,6 +451,21 @@ impl Shared {
         self.regions.read().unwrap_or_else(|e| e.into_inner()).by_id.get(&id).cloned()
     }
 
+    /// Called by each fault thread once it has started.
+    pub(crate) fn fault_thread_started(&self) {
+        let (m, cv) = &self.started;
+        *m.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        cv.notify_all();
+    }
+
+    fn wait_fault_threads_started(&self, n: usize) {
+        let (m, cv) = &self.started;
+        let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+        while *g < n {
+            g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
     /// Waits until the userfaultfd events read so far are handled. The kernel lets the
     /// program's madvise / munmap / mremap return once its event is read, and the reader
     /// holds the event lock until it has handled it.
@@ -497,6 +517,8 @@ impl Shared {
         // The kernel may hand out an address the program unmapped a moment ago, whose
         // UNMAP event a fault thread read (letting munmap return) but is still handling:
         // enter the new region only after that, or the old event would cut it.
+        // Busy (forkgate.rs): the insert allocates under the event lock.
+        let _busy = crate::forkgate::enter();
         let _ev = self.event_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.regions.write().unwrap_or_else(|e| e.into_inner()).insert(r.clone());
         Ok(r)
@@ -749,6 +771,8 @@ impl Pager {
             file_gate: RwLock::new(()),
             keepalive: AtomicBool::new(false),
             signal_scratch,
+            fork_hold: AtomicU32::new(0),
+            started: (Mutex::new(0), Condvar::new()),
         });
         shared.refresh_metadata();
         let mut handles = Vec::new();
@@ -760,6 +784,10 @@ impl Pager {
                 .map_err(io_err("cannot start a fault thread"))?;
             handles.push(h);
         }
+        // A fork's message must find a fault thread that can read it: one still starting
+        // could be blocked in malloc behind the forking thread (forkgate.rs).
+        crate::forkgate::install();
+        shared.wait_fault_threads_started(n_fault);
         let s = shared.clone();
         handles.push(
             std::thread::Builder::new()
@@ -817,6 +845,7 @@ impl Pager {
             return Err(bad);
         }
         let s = &self.shared;
+        let _busy = crate::forkgate::enter();
         let _ev = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
         if !s.regions.read().unwrap_or_else(|e| e.into_inner()).overlapping(addr, addr + len_bytes).is_empty() {
             return Err(bad);
@@ -1112,7 +1141,9 @@ impl Drop for Region {
     fn drop(&mut self) {
         let r = &self.inner;
         let s = &self.shared;
-        // Under the event lock: no event handler is cutting this region meanwhile.
+        // Under the event lock: no event handler is cutting this region meanwhile. Busy
+        // (forkgate.rs): what follows allocates under it.
+        let _busy = crate::forkgate::enter();
         let _ev = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
         let extents = {
             let mut map = s.regions.write().unwrap_or_else(|e| e.into_inner());

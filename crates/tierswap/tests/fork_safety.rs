@@ -1,0 +1,215 @@
+//! A program's fork never hangs on the pager (forkgate.rs). glibc's fork() holds malloc's
+//! locks while the kernel waits for a fault thread to read the fork message; a fault thread
+//! in malloc then would hang the process. Each scenario runs in a process of its own with a
+//! deadline: a hang fails the test (the child is killed) instead of hanging the suite.
+//! Every forked child checks bytes of managed memory against the fork-time content.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tierswap::{FaultMode, Hint, Pager, PagerConfig, Tiers};
+
+const PAGE: usize = 4096;
+
+fn pager(mode: FaultMode, fault_threads: usize) -> Pager {
+    let config = PagerConfig {
+        budget_bytes: 4 << 20,
+        tiers: "zero,pool".parse::<Tiers>().unwrap(),
+        fault_threads,
+        fault_mode: mode,
+        ..Default::default()
+    };
+    match Pager::new(config) {
+        Ok(p) => p,
+        Err(e) => panic!("cannot start a pager (these tests need userfaultfd: run as root): {e}"),
+    }
+}
+
+/// Word 0 of page `p` for `salt` (the rest of the page is zero).
+fn word(p: usize, salt: u64) -> u64 {
+    (p as u64) << 20 | salt
+}
+
+/// Forks; the child reads word 0 of page `page` at `base` and exits 0 if it is `want` (1 if
+/// not). Without allocating: safe in the child of a threaded process. Returns the child's
+/// exit status, or a message if it ended otherwise.
+fn fork_and_read(base: usize, page: usize, want: u64) -> Result<(), String> {
+    // SAFETY: the child only reads memory and calls _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        // SAFETY: reading a mapped page of the region (served through the fork event).
+        let w = unsafe { std::ptr::read_volatile((base + page * PAGE) as *const u64) };
+        // SAFETY: _exit ends the child at once.
+        unsafe { libc::_exit(if w == want { 0 } else { 1 }) }
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    if libc::WIFSIGNALED(status) {
+        return Err(format!("the child was killed by signal {}", libc::WTERMSIG(status)));
+    }
+    match libc::WEXITSTATUS(status) {
+        0 => Ok(()),
+        1 => Err(format!("the child read a wrong word at page {page}")),
+        other => Err(format!("the child exited with {other}")),
+    }
+}
+
+/// Runs `scenario` (by name, in this test binary) in a process of its own; fails if it
+/// does not end within `deadline` or does not report success.
+fn run_isolated(scenario: &str, deadline: Duration) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", scenario, "--nocapture", "--test-threads=1"])
+        .env("TIERSWAP_FORK_SCENARIO", scenario)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{scenario}: no end after {deadline:?}: a fork hung on the pager");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (mut out, mut err) = (String::new(), String::new());
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(status.success(), "{scenario}: {status:?}\n{out}\n{err}");
+    assert!(out.contains("scenario done"), "{scenario}: {out}\n{err}");
+}
+
+fn in_scenario(name: &str) -> bool {
+    std::env::var("TIERSWAP_FORK_SCENARIO").is_ok_and(|v| v == name)
+}
+
+/// The hang CI met: a pager created and the process forked before its fault thread had
+/// run at all (still in its first malloc). Both fault modes, many times.
+#[test]
+fn a_fork_right_after_a_pager_starts_does_not_hang() {
+    const NAME: &str = "a_fork_right_after_a_pager_starts_does_not_hang";
+    if !in_scenario(NAME) {
+        return run_isolated(NAME, Duration::from_secs(60));
+    }
+    // A thread that allocates all the time, so malloc's locks are contended at each fork.
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut keep = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                keep.push(vec![0u8; 1000]);
+                if keep.len() > 1000 {
+                    keep.clear();
+                }
+            }
+        })
+    };
+    for round in 0..60u64 {
+        let mode = if round % 2 == 0 { FaultMode::Signal } else { FaultMode::Thread };
+        let p = pager(mode, 1);
+        let n = 16;
+        let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+        let base = r.as_ptr() as usize;
+        for pg in 0..n {
+            r.as_mut_slice()[pg * PAGE..pg * PAGE + 8].copy_from_slice(&word(pg, round).to_le_bytes());
+        }
+        fork_and_read(base, 3, word(3, round)).unwrap_or_else(|e| panic!("round {round} ({mode:?}): {e}"));
+    }
+    stop.store(true, Ordering::Relaxed);
+    churn.join().unwrap();
+    println!("scenario done");
+}
+
+/// Forks while other threads create and drop regions (allocating under the event lock),
+/// munmap and madvise managed memory (events the fault thread reads and handles), and
+/// reclaim evicts: every fork ends, and each child reads its fork-time bytes. Thread mode
+/// with one fault thread (the one reader the fork waits for) and signal mode.
+#[test]
+fn forks_while_threads_map_free_and_fault_do_not_hang_and_see_fork_time_memory() {
+    const NAME: &str = "forks_while_threads_map_free_and_fault_do_not_hang_and_see_fork_time_memory";
+    if !in_scenario(NAME) {
+        return run_isolated(NAME, Duration::from_secs(120));
+    }
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let p = Arc::new(pager(mode, 1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let ops = Arc::new(AtomicU64::new(0));
+        let workers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let (p, stop, ops) = (p.clone(), stop.clone(), ops.clone());
+                std::thread::spawn(move || {
+                    let mut k = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        k += 1;
+                        let n = 64;
+                        let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+                        let salt = t << 40 | k;
+                        for pg in 0..n {
+                            r.as_mut_slice()[pg * PAGE..pg * PAGE + 8].copy_from_slice(&word(pg, salt).to_le_bytes());
+                        }
+                        if k % 3 == 0 {
+                            p.evict_all();
+                        }
+                        // A detached mapping freed by the program: an UNMAP event.
+                        let d = p.map_detached(16 * PAGE, Hint::Normal).unwrap();
+                        // SAFETY: the mapping is ours; we write its first page, drop its
+                        // second half (a REMOVE event) and unmap it (an UNMAP event).
+                        unsafe {
+                            std::ptr::write_volatile(d as *mut u64, salt);
+                            libc::madvise(d.add(8 * PAGE).cast(), 8 * PAGE, libc::MADV_DONTNEED);
+                            libc::munmap(d.cast(), 16 * PAGE);
+                        }
+                        let bad = (0..n)
+                            .filter(|&pg| {
+                                let w = &r.as_slice()[pg * PAGE..pg * PAGE + 8];
+                                w != word(pg, salt).to_le_bytes()
+                            })
+                            .count();
+                        assert_eq!(bad, 0, "worker {t} round {k}: pages came back wrong");
+                        ops.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        let n = 256;
+        let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+        let base = r.as_ptr() as usize;
+        for round in 0..80u64 {
+            for pg in 0..n {
+                r.as_mut_slice()[pg * PAGE..pg * PAGE + 8].copy_from_slice(&word(pg, round).to_le_bytes());
+            }
+            if round % 2 == 1 {
+                p.evict_all();
+            }
+            let pg = (round as usize * 37) % n;
+            match (mode, fork_and_read(base, pg, word(pg, round))) {
+                (_, Ok(())) => {}
+                // Signal mode does not serve a forked child: a swapped page ends it with
+                // SIGBUS, never with wrong bytes (tests/signal_mode.rs).
+                (FaultMode::Signal, Err(e)) if e == format!("the child was killed by signal {}", libc::SIGBUS) => {}
+                (_, Err(e)) => panic!("{mode:?} round {round}: {e}"),
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert!(ops.load(Ordering::Relaxed) > 0, "the workers ran");
+        let st = p.stats();
+        if mode == FaultMode::Thread {
+            assert_eq!(st.counters.event_fork, 80, "every fork was seen");
+        }
+        println!("{mode:?}: {} worker rounds, {} faults", ops.load(Ordering::Relaxed), st.counters.faults);
+    }
+    println!("scenario done");
+}
