@@ -157,7 +157,7 @@ fn forks_while_threads_map_free_and_fault_do_not_hang_and_see_fork_time_memory()
                         for pg in 0..n {
                             r.as_mut_slice()[pg * PAGE..pg * PAGE + 8].copy_from_slice(&word(pg, salt).to_le_bytes());
                         }
-                        if k % 3 == 0 {
+                        if k.is_multiple_of(3) {
                             p.evict_all();
                         }
                         // A detached mapping freed by the program: an UNMAP event.
