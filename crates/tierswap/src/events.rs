@@ -48,8 +48,14 @@ use crate::sys;
 use crate::uffd::{self, features, Event, RegisterMode, Uffd};
 
 /// Features of the program ranges' userfaultfd.
-pub(crate) const PROGRAM_FEATURES: u64 =
-    features::MOVE | features::EVENT_REMOVE | features::EVENT_UNMAP | features::EVENT_REMAP | features::EVENT_FORK;
+/// THREAD_ID: a fault message names its thread, so a fault of the thread that is forking can
+/// be told apart while a fork holds the gate (forkgate.rs).
+pub(crate) const PROGRAM_FEATURES: u64 = features::MOVE
+    | features::EVENT_REMOVE
+    | features::EVENT_UNMAP
+    | features::EVENT_REMAP
+    | features::EVENT_FORK
+    | features::THREAD_ID;
 
 /// Handles one non-fault event. The caller holds `event_lock`.
 pub(crate) fn handle_event(s: &Arc<Shared>, ev: Event) {

@@ -122,22 +122,13 @@ pub(crate) fn fault_thread(s: Arc<Shared>) {
                 Ok(_) => {}
                 Err(e) => fatal(&format!("reading the userfaultfd failed: {e}")),
             }
-            for ev in events.iter_mut() {
-                if !matches!(ev, Event::PageFault { .. }) {
-                    let ev = std::mem::replace(ev, Event::Unknown(0));
-                    crate::events::handle_event(&s, ev);
-                }
-            }
+            handle_non_faults(&s, &mut events);
         }
         if !spin.is_zero() && !events.is_empty() {
             last_served = Some(Instant::now());
         }
         for ev in events.drain(..) {
-            match ev {
-                Event::PageFault { addr, wp: true, .. } => handle_wp_fault(&s, addr),
-                Event::PageFault { addr, write, .. } => handle_fault(&s, addr, write, &mut scratch),
-                _ => {}
-            }
+            serve_fault_event(&s, ev, &mut scratch);
         }
     }
 }
@@ -149,12 +140,13 @@ const FORK_WAIT_MESSAGES: usize = 256;
 /// busy sections have ended, hold the event lock and read messages, the fork's included,
 /// into room `events` already has; when the gate opens, handle them in queue order (the
 /// fork snapshot before any fault, so no page changes between the fork and its snapshot).
+/// A fault of the forking thread itself is served at once (malloc is free while it runs).
 fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<Event>, scratch: &mut Scratch) {
     crate::forkgate::wait_while_closing();
     if !crate::forkgate::is_closed() {
         return;
     }
-    let ev_lock = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ev_lock = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
     events.clear();
     let fds = [s.uffd.as_raw_fd(), s.mirror_uffd.as_raw_fd()];
     let mut forks = 0;
@@ -167,36 +159,66 @@ fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<E
             serve_mirror_faults(s, mirror_events);
         }
         let room = events.capacity() - events.len();
-        if ready & 0b01 == 0 || room == 0 {
-            continue;
+        if ready & 0b01 != 0 && room > 0 {
+            let before = events.len();
+            if s.uffd.read_events(events, room.min(64)).is_ok() {
+                let new_forks = events[before..].iter().filter(|e| matches!(e, Event::Fork { .. })).count();
+                if new_forks > 0 {
+                    // Faults served in the faulting threads wait for the snapshot.
+                    s.fork_hold.fetch_add(new_forks as u32, Ordering::SeqCst);
+                    forks += new_forks;
+                }
+            }
         }
-        let before = events.len();
-        if s.uffd.read_events(events, room.min(64)).is_err() {
-            continue;
-        }
-        let new_forks = events[before..].iter().filter(|e| matches!(e, Event::Fork { .. })).count();
-        if new_forks > 0 {
-            // Faults served in the faulting threads wait for the snapshot (serve_in_thread).
-            s.fork_hold.fetch_add(new_forks as u32, Ordering::SeqCst);
-            forks += new_forks;
+        let forker = crate::forkgate::forker();
+        let forker_faulted =
+            forker != 0 && events.iter().any(|e| matches!(e, Event::PageFault { tid, .. } if *tid as i32 == forker));
+        if forker_faulted || s.forker_waiting.load(Ordering::SeqCst) {
+            // The forking thread runs in user space (a fork handler, before or after the
+            // fork itself), so malloc is free: handle the events read so far, the fork
+            // snapshot included, then serve its fault. Other threads' faults wait.
+            handle_non_faults(s, events);
+            s.fork_hold.fetch_sub(forks as u32, Ordering::SeqCst);
+            forks = 0;
+            s.forker_waiting.store(false, Ordering::SeqCst);
+            if forker_faulted {
+                // Without the event lock: serving may look for a region under it.
+                drop(ev_lock);
+                for ev in events.iter_mut() {
+                    if matches!(ev, Event::PageFault { tid, .. } if *tid as i32 == forker) {
+                        serve_fault_event(s, std::mem::replace(ev, Event::Unknown(0)), scratch);
+                    }
+                }
+                ev_lock = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
+            }
         }
     };
+    handle_non_faults(s, events);
+    s.fork_hold.fetch_sub(forks as u32, Ordering::SeqCst);
+    drop(ev_lock);
+    for ev in events.drain(..) {
+        serve_fault_event(s, ev, scratch);
+    }
+    drop(busy);
+}
+
+/// Handles the non-fault events of `events` in order, leaving `Unknown` in their place.
+/// The caller holds the event lock.
+fn handle_non_faults(s: &Arc<Shared>, events: &mut [Event]) {
     for ev in events.iter_mut() {
-        if !matches!(ev, Event::PageFault { .. }) {
+        if !matches!(ev, Event::PageFault { .. } | Event::Unknown(_)) {
             let ev = std::mem::replace(ev, Event::Unknown(0));
             crate::events::handle_event(s, ev);
         }
     }
-    s.fork_hold.fetch_sub(forks as u32, Ordering::SeqCst);
-    drop(ev_lock);
-    for ev in events.drain(..) {
-        match ev {
-            Event::PageFault { addr, wp: true, .. } => handle_wp_fault(s, addr),
-            Event::PageFault { addr, write, .. } => handle_fault(s, addr, write, scratch),
-            _ => {}
-        }
+}
+
+fn serve_fault_event(s: &Shared, ev: Event, scratch: &mut Scratch) {
+    match ev {
+        Event::PageFault { addr, wp: true, .. } => handle_wp_fault(s, addr),
+        Event::PageFault { addr, write, .. } => handle_fault(s, addr, write, scratch),
+        _ => {}
     }
-    drop(busy);
 }
 
 /// Serves a fault of a signal-mode pager in the faulting thread ([`crate::sigbus`]):
@@ -208,9 +230,19 @@ fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<E
 pub(crate) fn serve_in_thread(s: &Shared, addr: usize, access: Option<(bool, bool)>, pass: u32) -> bool {
     let page_addr = addr & !(PAGE_SIZE - 1);
     // A fork holds the gate, or its snapshot is not taken yet: install nothing, let the
-    // access fault again (forkgate.rs). Only for the moment a fork takes.
-    let Some(_busy) = crate::forkgate::enter_unless_closed() else { return true };
-    if s.fork_hold.load(Ordering::SeqCst) > 0 {
+    // access fault again (forkgate.rs). Only for the moment a fork takes. The forking
+    // thread itself (in a fork handler: malloc is free) is served, after any snapshot.
+    let busy = crate::forkgate::enter_unless_closed();
+    let forker = busy.is_none() && crate::forkgate::is_forker();
+    if busy.is_none() && !forker {
+        return true;
+    }
+    if forker {
+        while s.fork_hold.load(Ordering::SeqCst) > 0 {
+            s.forker_waiting.store(true, Ordering::SeqCst);
+            std::thread::yield_now();
+        }
+    } else if s.fork_hold.load(Ordering::SeqCst) > 0 {
         return true;
     }
     if pass == 2 {
@@ -224,7 +256,8 @@ pub(crate) fn serve_in_thread(s: &Shared, addr: usize, access: Option<(bool, boo
             Err(_) => false,
         };
     }
-    if pass == 1 {
+    if pass == 1 && !forker {
+        // (The forking thread skips it: a reader holds the event lock until the fork ends.)
         s.sync_events();
     }
     let Lookup::Region(r, idx) = s.lookup(page_addr) else { return false };

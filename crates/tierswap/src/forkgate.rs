@@ -18,6 +18,13 @@
 //! - While the gate is closed, a fault thread holds the event lock and only polls and
 //!   reads messages into room it already has (`fault::fork_wait`). Once the gate opens it
 //!   handles them in order, the fork snapshot first.
+//! - The forking thread itself may fault on managed memory while the gate is closed: fork
+//!   handlers registered before ours run after our prepare handler, and before our parent
+//!   handler (a jemalloc's, its locks in managed memory). malloc is free whenever that
+//!   thread runs in user space (glibc holds malloc's locks only inside the fork system
+//!   call), so its faults are served at once. In thread mode the reader first handles the
+//!   messages it holds, the fork snapshot included. In signal mode the thread serves
+//!   itself, once any snapshot is taken. Its tid is in [`forker`].
 //! - A fork started without glibc's `fork()` (a raw `clone`) runs no handlers. It takes no
 //!   malloc lock either, so it cannot hang this way.
 //!
@@ -32,7 +39,7 @@
 //!  CLOSED:  count is 0 and stays 0 until the parent/child handler clears the word
 //! ```
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::Once;
 
 const CLOSING: u32 = 1 << 31;
@@ -48,6 +55,8 @@ static GATE: Gate = Gate(AtomicU32::new(0));
 const OPEN: fn(u32) -> bool = |v| v & (CLOSING | CLOSED) == 0;
 const NOT_CLOSED: fn(u32) -> bool = |v| v & CLOSED == 0;
 static INSTALL: Once = Once::new();
+/// The thread in glibc's fork between our prepare and parent handlers, else 0.
+static FORKER: AtomicI32 = AtomicI32::new(0);
 
 /// A busy section: the gate stays open (or closing, not closed) until it drops.
 #[must_use]
@@ -106,18 +115,37 @@ pub(crate) fn wait_while_closing() {
     }
 }
 
+/// The thread forking now (between our prepare and parent handlers), or 0.
+pub(crate) fn forker() -> i32 {
+    FORKER.load(Ordering::Acquire)
+}
+
+/// Whether the calling thread is the one forking now.
+pub(crate) fn is_forker() -> bool {
+    let f = forker();
+    f != 0 && f == gettid()
+}
+
+fn gettid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
 /// Before glibc locks malloc: close the gate and wait for the busy sections to end.
 extern "C" fn prepare() {
+    FORKER.store(gettid(), Ordering::Release);
     GATE.close();
 }
 
 /// After the fork, in the parent: open the gate.
 extern "C" fn parent() {
+    FORKER.store(0, Ordering::Release);
     GATE.open();
 }
 
 /// In the child: no pager thread exists here; the gate starts open.
 extern "C" fn child() {
+    FORKER.store(0, Ordering::Release);
     GATE.0.store(0, Ordering::Release);
 }
 

@@ -326,6 +326,9 @@ pub(crate) struct Shared {
     /// Fork messages read while a fork held the gate whose snapshot is not taken yet:
     /// faults served in the faulting threads wait (forkgate.rs).
     pub(crate) fork_hold: AtomicU32,
+    /// Signal mode: the forking thread faulted while a fork snapshot is pending; the
+    /// reader holding the fork's messages takes it now (forkgate.rs).
+    pub(crate) forker_waiting: AtomicBool,
     /// Fault threads past their start (their last allocation outside a busy section).
     pub(crate) started: (Mutex<usize>, Condvar),
 }
@@ -772,6 +775,7 @@ impl Pager {
             keepalive: AtomicBool::new(false),
             signal_scratch,
             fork_hold: AtomicU32::new(0),
+            forker_waiting: AtomicBool::new(false),
             started: (Mutex::new(0), Condvar::new()),
         });
         shared.refresh_metadata();

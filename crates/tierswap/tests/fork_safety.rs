@@ -213,3 +213,74 @@ fn forks_while_threads_map_free_and_fault_do_not_hang_and_see_fork_time_memory()
     }
     println!("scenario done");
 }
+
+/// Where the fork handlers below read, and what they should find (0: not armed).
+static HANDLER_ADDR: AtomicU64 = AtomicU64::new(0);
+static HANDLER_WANT: AtomicU64 = AtomicU64::new(0);
+/// Reads done by the handlers, and reads that found the wrong word.
+static HANDLER_READS: AtomicU64 = AtomicU64::new(0);
+static HANDLER_BAD: AtomicU64 = AtomicU64::new(0);
+
+/// Reads the armed word (page `off` pages past the armed address), as a program's fork
+/// handler touching its own (swapped-out) memory would.
+fn handler_read(off: usize) {
+    let addr = HANDLER_ADDR.load(Ordering::Acquire) as usize;
+    if addr == 0 {
+        return;
+    }
+    // SAFETY: the armed address is a mapped page of a live region (the scenario keeps it).
+    let w = unsafe { std::ptr::read_volatile((addr + off * PAGE) as *const u64) };
+    HANDLER_READS.fetch_add(1, Ordering::Relaxed);
+    if w != HANDLER_WANT.load(Ordering::Acquire) + off as u64 * (1 << 20) {
+        HANDLER_BAD.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+extern "C" fn handler_prepare() {
+    handler_read(0);
+}
+
+extern "C" fn handler_parent() {
+    handler_read(1);
+}
+
+/// A program's fork handlers registered before the pager (as an allocator's are) run while
+/// the gate is closed: after its prepare handler and before its parent handler. They touch
+/// swapped-out managed memory there, and the fork must neither hang nor give them wrong
+/// bytes, in either fault mode.
+#[test]
+fn fork_handlers_that_touch_swapped_out_memory_are_served() {
+    const NAME: &str = "fork_handlers_that_touch_swapped_out_memory_are_served";
+    if !in_scenario(NAME) {
+        return run_isolated(NAME, Duration::from_secs(60));
+    }
+    // SAFETY: plain extern "C" handlers that read memory and count.
+    assert_eq!(unsafe { libc::pthread_atfork(Some(handler_prepare), Some(handler_parent), None) }, 0);
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let p = pager(mode, 1);
+        let n = 64;
+        let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+        let base = r.as_ptr() as usize;
+        for round in 0..20u64 {
+            for pg in 0..n {
+                r.as_mut_slice()[pg * PAGE..pg * PAGE + 8].copy_from_slice(&word(pg, round).to_le_bytes());
+            }
+            let at = 8 + (round as usize % 8) * 4;
+            HANDLER_WANT.store(word(at, round), Ordering::Release);
+            HANDLER_ADDR.store((base + at * PAGE) as u64, Ordering::Release);
+            p.evict_all();
+            let before = p.stats().counters.faults;
+            match (mode, fork_and_read(base, 2, word(2, round))) {
+                (_, Ok(())) => {}
+                (FaultMode::Signal, Err(e)) if e == format!("the child was killed by signal {}", libc::SIGBUS) => {}
+                (_, Err(e)) => panic!("{mode:?} round {round}: {e}"),
+            }
+            HANDLER_ADDR.store(0, Ordering::Release);
+            assert!(p.stats().counters.faults >= before + 2, "{mode:?} round {round}: the handlers' reads faulted");
+        }
+        println!("{mode:?}: handler reads {}", HANDLER_READS.load(Ordering::Relaxed));
+    }
+    assert_eq!(HANDLER_READS.load(Ordering::Relaxed), 2 * 2 * 20, "both handlers ran at every fork");
+    assert_eq!(HANDLER_BAD.load(Ordering::Relaxed), 0, "the handlers read their bytes");
+    println!("scenario done");
+}
