@@ -60,11 +60,13 @@ static FORKER: AtomicI32 = AtomicI32::new(0);
 
 /// A busy section: the gate stays open (or closing, not closed) until it drops.
 #[must_use]
-pub(crate) struct Busy(&'static Gate);
+pub(crate) struct Busy(Option<&'static Gate>);
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.leave();
+        if let Some(g) = self.0 {
+            g.leave();
+        }
     }
 }
 
@@ -92,10 +94,14 @@ pub(crate) fn enter_unless_closed() -> Option<Busy> {
 }
 
 /// Enters a busy section, waiting while a fork closes or holds the gate. For program
-/// threads that hold nothing of the pager's yet.
+/// threads that hold nothing of the pager's yet. The forking thread itself (creating or
+/// dropping a region in a fork handler) goes ahead uncounted: malloc is free while it runs.
 pub(crate) fn enter() -> Busy {
-    GATE.enter();
-    Busy(&GATE)
+    if GATE.enter(is_forker) {
+        Busy(Some(&GATE))
+    } else {
+        Busy(None)
+    }
 }
 
 /// Whether a fork holds the gate (every busy section has ended).
@@ -151,11 +157,11 @@ extern "C" fn child() {
 
 impl Gate {
     fn try_enter(&'static self) -> Option<Busy> {
-        self.enter_if(OPEN).then(|| Busy(self))
+        self.enter_if(OPEN).then(|| Busy(Some(self)))
     }
 
     fn enter_unless_closed(&'static self) -> Option<Busy> {
-        self.enter_if(NOT_CLOSED).then(|| Busy(self))
+        self.enter_if(NOT_CLOSED).then(|| Busy(Some(self)))
     }
 
     fn enter_if(&self, ok: impl Fn(u32) -> bool) -> bool {
@@ -171,13 +177,19 @@ impl Gate {
         }
     }
 
-    fn enter(&self) {
+    /// Waits for the gate to open and enters (true), or returns false at once if the gate
+    /// is shut and `exempt()` says the caller is the forking thread.
+    fn enter(&self, exempt: impl Fn() -> bool) -> bool {
         while !self.enter_if(OPEN) {
             let v = self.0.load(Ordering::Acquire);
             if v & (CLOSING | CLOSED) != 0 {
+                if exempt() {
+                    return false;
+                }
                 self.wait(v);
             }
         }
+        true
     }
 
     fn leave(&self) {
@@ -251,11 +263,13 @@ mod tests {
         closer.join().unwrap();
         assert_eq!(G.0.load(Ordering::Acquire), CLOSED);
         assert!(!G.enter_if(NOT_CLOSED) && !G.enter_if(OPEN), "closed: nobody enters");
+        assert!(!G.enter(|| true), "closed: the forking thread goes ahead uncounted");
+        assert_eq!(G.0.load(Ordering::Acquire), CLOSED);
         let opener = std::thread::spawn(|| {
             std::thread::sleep(Duration::from_millis(20));
             G.open();
         });
-        G.enter();
+        assert!(G.enter(|| false));
         opener.join().unwrap();
         assert_eq!(G.0.load(Ordering::Relaxed), 1, "entered once the fork was done");
         G.leave();
