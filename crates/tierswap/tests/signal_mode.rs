@@ -195,6 +195,19 @@ fn system_calls_on_swapped_out_pages_fail_with_efault_until_prefaulted() {
     }
 }
 
+/// Runs test `name` of this binary in a process of its own, with `env` set so that it runs
+/// its body there. Returns its output and its stdout and stderr as text.
+fn run_alone(name: &str, env: &str) -> (std::process::Output, String, String) {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(env, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stdout, stderr)
+}
+
 extern "C" fn program_handler(_sig: i32, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // SAFETY: the kernel's siginfo for this SIGBUS.
     let code = unsafe { (*info).si_code };
@@ -249,14 +262,8 @@ fn a_sigbus_that_is_not_a_pagers_reaches_the_programs_handler() {
     if std::env::var("TIERSWAP_CHAIN_CHILD").is_ok() {
         return chaining_child();
     }
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "a_sigbus_that_is_not_a_pagers_reaches_the_programs_handler", "--nocapture"])
-        .args(["--test-threads=1"])
-        .env("TIERSWAP_CHAIN_CHILD", "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (out, stdout, stderr) =
+        run_alone("a_sigbus_that_is_not_a_pagers_reaches_the_programs_handler", "TIERSWAP_CHAIN_CHILD");
     assert_eq!(out.status.code(), Some(42), "the program's handler ran: {:?}\n{stdout}\n{stderr}", out.status.signal());
     let good = stdout
         .lines()
@@ -280,14 +287,8 @@ fn a_forked_child_gets_sigbus_on_swapped_pages_and_the_parent_is_untouched() {
     if std::env::var("TIERSWAP_FORK_TEST").is_ok() {
         return forking_test();
     }
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "a_forked_child_gets_sigbus_on_swapped_pages_and_the_parent_is_untouched", "--nocapture"])
-        .args(["--test-threads=1"])
-        .env("TIERSWAP_FORK_TEST", "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (out, stdout, stderr) =
+        run_alone("a_forked_child_gets_sigbus_on_swapped_pages_and_the_parent_is_untouched", "TIERSWAP_FORK_TEST");
     assert!(out.status.success(), "{:?}\n{stdout}\n{stderr}", out.status);
     assert!(stdout.contains("forking test done"), "{stdout}\n{stderr}");
 }
