@@ -33,6 +33,19 @@ fn word(p: usize, salt: u64) -> u64 {
     (p as u64) << 20 | salt
 }
 
+/// Writes word 0 of each of the first `n` pages of `mem` for `salt`.
+fn write_words(mem: &mut [u8], n: usize, salt: u64) {
+    for pg in 0..n {
+        mem[pg * PAGE..pg * PAGE + 8].copy_from_slice(&word(pg, salt).to_le_bytes());
+    }
+}
+
+/// Signal mode does not serve a forked child: a swapped page ends it with SIGBUS, never
+/// with wrong bytes (tests/signal_mode.rs). Whether `e` is that outcome.
+fn signal_mode_child_sigbus(mode: FaultMode, e: &str) -> bool {
+    mode == FaultMode::Signal && e == format!("the child was killed by signal {}", libc::SIGBUS)
+}
+
 /// Forks; the child reads word 0 of page `page` at `base` and exits 0 if it is `want` (1 if
 /// not). Without allocating: safe in the child of a threaded process. Returns the child's
 /// exit status, or a message if it ended otherwise.
@@ -120,9 +133,7 @@ fn a_fork_right_after_a_pager_starts_does_not_hang() {
         let n = 16;
         let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
         let base = r.as_ptr() as usize;
-        for pg in 0..n {
-            r.as_mut_slice()[pg * PAGE..pg * PAGE + 8].copy_from_slice(&word(pg, round).to_le_bytes());
-        }
+        write_words(r.as_mut_slice(), n, round);
         fork_and_read(base, 3, word(3, round)).unwrap_or_else(|e| panic!("round {round} ({mode:?}): {e}"));
     }
     stop.store(true, Ordering::Relaxed);
@@ -154,9 +165,7 @@ fn forks_while_threads_map_free_and_fault_do_not_hang_and_see_fork_time_memory()
                         let n = 64;
                         let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
                         let salt = t << 40 | k;
-                        for pg in 0..n {
-                            r.as_mut_slice()[pg * PAGE..pg * PAGE + 8].copy_from_slice(&word(pg, salt).to_le_bytes());
-                        }
+                        write_words(r.as_mut_slice(), n, salt);
                         if k.is_multiple_of(3) {
                             p.evict_all();
                         }
@@ -185,19 +194,15 @@ fn forks_while_threads_map_free_and_fault_do_not_hang_and_see_fork_time_memory()
         let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
         let base = r.as_ptr() as usize;
         for round in 0..80u64 {
-            for pg in 0..n {
-                r.as_mut_slice()[pg * PAGE..pg * PAGE + 8].copy_from_slice(&word(pg, round).to_le_bytes());
-            }
+            write_words(r.as_mut_slice(), n, round);
             if round % 2 == 1 {
                 p.evict_all();
             }
             let pg = (round as usize * 37) % n;
-            match (mode, fork_and_read(base, pg, word(pg, round))) {
-                (_, Ok(())) => {}
-                // Signal mode does not serve a forked child: a swapped page ends it with
-                // SIGBUS, never with wrong bytes (tests/signal_mode.rs).
-                (FaultMode::Signal, Err(e)) if e == format!("the child was killed by signal {}", libc::SIGBUS) => {}
-                (_, Err(e)) => panic!("{mode:?} round {round}: {e}"),
+            match fork_and_read(base, pg, word(pg, round)) {
+                Ok(()) => {}
+                Err(e) if signal_mode_child_sigbus(mode, &e) => {}
+                Err(e) => panic!("{mode:?} round {round}: {e}"),
             }
         }
         stop.store(true, Ordering::Relaxed);
@@ -262,18 +267,16 @@ fn fork_handlers_that_touch_swapped_out_memory_are_served() {
         let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
         let base = r.as_ptr() as usize;
         for round in 0..20u64 {
-            for pg in 0..n {
-                r.as_mut_slice()[pg * PAGE..pg * PAGE + 8].copy_from_slice(&word(pg, round).to_le_bytes());
-            }
+            write_words(r.as_mut_slice(), n, round);
             let at = 8 + (round as usize % 8) * 4;
             HANDLER_WANT.store(word(at, round), Ordering::Release);
             HANDLER_ADDR.store((base + at * PAGE) as u64, Ordering::Release);
             p.evict_all();
             let before = p.stats().counters.faults;
-            match (mode, fork_and_read(base, 2, word(2, round))) {
-                (_, Ok(())) => {}
-                (FaultMode::Signal, Err(e)) if e == format!("the child was killed by signal {}", libc::SIGBUS) => {}
-                (_, Err(e)) => panic!("{mode:?} round {round}: {e}"),
+            match fork_and_read(base, 2, word(2, round)) {
+                Ok(()) => {}
+                Err(e) if signal_mode_child_sigbus(mode, &e) => {}
+                Err(e) => panic!("{mode:?} round {round}: {e}"),
             }
             HANDLER_ADDR.store(0, Ordering::Release);
             assert!(p.stats().counters.faults >= before + 2, "{mode:?} round {round}: the handlers' reads faulted");
