@@ -5,7 +5,8 @@
 //! Syntax: `ENGINE[:SETTING[:SETTING…]]`, with SETTING one of `policy=locality|order0|always`,
 //! `swapin-max=SIZE` (4K to 2M, a power of two), and the switches `fault-around`,
 //! `workingset`, `keep-clean`, `encrypt`, each also as `no-…`, `spin=US` and
-//! `fault=thread|signal`, `compressor=lz4|zstd|zstd-LEVEL`, `budget=SIZE` (this engine's own
+//! `fault=thread|signal`, `compressor=lz4|zstd|zstd-LEVEL`, `recompress=none|zstd|zstd-LEVEL`,
+//! `budget=SIZE` (this engine's own
 //! budget instead of `--budget`), `pool-max=SIZE` and `tiers=zero+pool+file` (local tiers,
 //! '+' between them: the variant drops a remote tier the flags gave, so the remote and the
 //! file tier run side by side). Examples:
@@ -19,7 +20,7 @@ use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, recompress=none|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
@@ -48,6 +49,8 @@ pub enum Override {
     Fault(FaultMode),
     /// `compressor=…`: the pool's compressor.
     Compressor(Compressor),
+    /// `recompress=…`: the codec cold pool objects are recompressed with, or none.
+    Recompress(Option<Compressor>),
     /// `budget=SIZE`: this engine's budget, in bytes.
     Budget(u64),
     /// `pool-max=SIZE`: the pool limit, in bytes.
@@ -71,6 +74,7 @@ impl Override {
             }
             Override::Fault(m) => config.fault_mode = m,
             Override::Compressor(c) => config.compressor = c,
+            Override::Recompress(c) => config.recompress = c,
             Override::Budget(b) => config.budget_bytes = b,
             Override::PoolMax(b) => config.pool_max_bytes = Some(b),
         }
@@ -142,6 +146,12 @@ impl Override {
                 let v = value.ok_or_else(|| needs("zstd"))?;
                 v.parse::<Compressor>().map(Override::Compressor).map_err(|_| {
                     format!("compressor '{v}' is not a compressor: use compressor=lz4, zstd or zstd-LEVEL (1 to 19)")
+                })
+            }
+            "recompress" => {
+                let v = value.ok_or_else(|| needs("none"))?;
+                tierswap::config::parse_recompress(v).map(Override::Recompress).map_err(|_| {
+                    format!("recompress '{v}' is not a codec: use recompress=none, zstd, zstd-LEVEL (1 to 19) or lz4")
                 })
             }
             "keep-clean" => switch(Override::KeepClean, true),
@@ -322,6 +332,13 @@ mod tests {
         assert!(err("tierswap::no-encrypt").contains("empty setting"));
         assert!(err("tierswap:fault=fast").contains("fault=thread or fault=signal"));
         assert!(err("tierswap:compressor=zstd-40").contains("zstd-LEVEL (1 to 19)"));
+        assert!(err("tierswap:recompress=gzip").contains("recompress=none"));
+        let base = PagerConfig::default();
+        assert_eq!(parse("tierswap:recompress=none").unwrap().pager(&base).recompress, None);
+        assert_eq!(
+            parse("tierswap:recompress=zstd-3").unwrap().pager(&base).recompress,
+            Some(Compressor::Zstd { level: 3 })
+        );
         assert!(err("tierswap:budget=12").contains("budget '12' is not a size of 1M or more"));
         assert!(err("tierswap:fault").contains("needs a value, e.g. fault=signal"));
         assert!(err("kernel-zswap:policy=order0").contains("tierswap only"));

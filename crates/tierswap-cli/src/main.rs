@@ -54,7 +54,7 @@ struct Bench {
     /// Engines, comma-separated: tierswap, kernel-zswap, kernel-zram, kernel-disk, and tierswap
     /// variants tierswap:SETTING[:SETTING…] that change the flags' settings for that engine
     /// alone: policy=locality|order0|always, swapin-max=SIZE, [no-]fault-around,
-    /// [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US, fault=thread|signal, compressor=lz4|zstd|zstd-N, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file (local tiers only: drops the remote of --tiers, to compare the two). E.g. --engine
+    /// [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US, fault=thread|signal, compressor=lz4|zstd|zstd-N, recompress=none|zstd|zstd-N, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file (local tiers only: drops the remote of --tiers, to compare the two). E.g. --engine
     /// tierswap,tierswap:policy=order0,kernel-zswap: runs alternate engine by engine; the
     /// column ts÷ is plain tierswap's refault ÷ the variant's.
     #[arg(long, value_delimiter = ',', default_value = "tierswap")]
@@ -94,6 +94,11 @@ struct Bench {
     /// tierswap's pool compressor: lz4, zstd, zstd:LEVEL.
     #[arg(long, default_value = "lz4")]
     compressor: String,
+    /// tierswap's recompression codec: pool writeback first recompresses a cold object with
+    /// it and keeps the object in the pool if it shrinks by a quarter (zram's recompress).
+    /// zstd, zstd:LEVEL, lz4, or none (the default) to write cold objects back as they are.
+    #[arg(long, default_value = "none")]
+    recompress: String,
     /// tierswap's pool limit: bytes (e.g. 64M) or a percentage of the budget (e.g. 25%).
     #[arg(long)]
     pool_max: Option<String>,
@@ -366,6 +371,8 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         return Err(UserError("--remote-replicas needs a remote tier: add remote=redis://HOST:PORT to --tiers".into()));
     }
     let compressor: Compressor = b.compressor.parse()?;
+    let recompress =
+        tierswap::config::parse_recompress(&b.recompress).map_err(|e| UserError(format!("--recompress: {e}")))?;
     let swapin_policy: SwapinPolicy = b.policy.parse().map_err(|e| UserError(format!("--policy: {e}")))?;
     let fault_mode: tierswap::FaultMode = b.fault_mode.parse().map_err(|e| UserError(format!("--fault-mode: {e}")))?;
     let swapin_max_bytes = size("--swapin-max", &b.swapin_max)?;
@@ -391,6 +398,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         budget_bytes,
         tiers,
         compressor,
+        recompress,
         pool_max_bytes,
         swap_dir: b.swap_dir.clone(),
         fault_threads: b.fault_threads,
@@ -450,11 +458,12 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
     .filter_map(|(no, name)| no.then_some(name))
     .collect();
     let header = format!(
-        "size {} MiB, budget {} MiB, tierswap tiers {}, compressor {}, pool max {} MiB, swap-in {} up to {} KiB, faults served by {}{}",
+        "size {} MiB, budget {} MiB, tierswap tiers {}, compressor {}, recompress {}, pool max {} MiB, swap-in {} up to {} KiB, faults served by {}{}",
         size_bytes >> 20,
         budget_bytes >> 20,
         b.tiers,
         b.compressor,
+        b.recompress,
         pager.pool_max_bytes() >> 20,
         b.policy.trim().to_ascii_lowercase(),
         swapin_max_pages * 4,
@@ -467,7 +476,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
             machine: &machine,
             config: serde_json::json!({
                 "size_bytes": size_bytes, "budget_bytes": budget_bytes, "runs": b.runs,
-                "engines": engines.iter().map(|e| e.label()).collect::<Vec<_>>(), "tiers": b.tiers, "compressor": b.compressor,
+                "engines": engines.iter().map(|e| e.label()).collect::<Vec<_>>(), "tiers": b.tiers, "compressor": b.compressor, "recompress": b.recompress,
                 "pool_max_bytes": pager.pool_max_bytes(), "threads": b.threads,
                 "swapin_policy": pager.swapin_policy, "swapin_max_pages": pager.swapin_max_pages,
                 "fault_around": pager.fault_around, "workingset": pager.workingset,

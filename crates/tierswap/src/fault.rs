@@ -1065,6 +1065,13 @@ pub(crate) fn read_entry(
     remote_pf: &RemotePrefetch,
 ) -> Result<bool, ReadFail> {
     let page = &mut page[..PAGE_SIZE];
+    let codec = if e.recompressed() {
+        s.config.recompress.ok_or_else(|| {
+            ReadFail::Corrupt(format!("slot {slot} is marked recompressed, but this pager recompresses nothing"))
+        })?
+    } else {
+        s.config.compressor
+    };
     match e.tag() {
         Tag::Zero => {
             s.counters.swpin_zero.fetch_add(1, Ordering::Relaxed);
@@ -1084,7 +1091,7 @@ pub(crate) fn read_entry(
             if len == PAGE_SIZE {
                 page.copy_from_slice(obj);
             } else {
-                decompress(s.config.compressor, obj, page).map_err(|err| {
+                decompress(codec, obj, page).map_err(|err| {
                     ReadFail::Corrupt(format!("pool object of slot {slot} does not decompress: {err}"))
                 })?;
             }
@@ -1112,7 +1119,7 @@ pub(crate) fn read_entry(
             if len == PAGE_SIZE {
                 page.copy_from_slice(&compressed[..PAGE_SIZE]);
             } else {
-                decompress(s.config.compressor, &compressed[..len], page).map_err(|err| {
+                decompress(codec, &compressed[..len], page).map_err(|err| {
                     ReadFail::Corrupt(format!("file record of slot {slot} does not decompress: {err}"))
                 })?;
             }
@@ -1130,7 +1137,7 @@ pub(crate) fn read_entry(
             if len == PAGE_SIZE {
                 page.copy_from_slice(&compressed[..PAGE_SIZE]);
             } else {
-                decompress(s.config.compressor, &compressed[..len], page).map_err(|err| {
+                decompress(codec, &compressed[..len], page).map_err(|err| {
                     ReadFail::Corrupt(format!("remote object of slot {slot} does not decompress: {err}"))
                 })?;
             }

@@ -951,7 +951,8 @@ impl Pager {
 
     /// Runs one pool writeback step on the calling thread now, regardless of the pool
     /// limit: the coldest clusters' pool objects go to the remote tier (or the file, as the
-    /// writeback thread would). Returns objects written. For tests and the lab.
+    /// writeback thread would), or are recompressed in the pool (see `crate::writeback`).
+    /// Returns objects written or recompressed. For tests and the lab.
     #[doc(hidden)]
     pub fn writeback_now(&self) -> usize {
         match crate::writeback::Writeback::new(self.shared.clone()) {

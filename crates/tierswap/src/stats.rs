@@ -56,6 +56,12 @@ counters! {
     zswpout,
     /// Pool objects written back to the file tier.
     zswpwb,
+    /// Cold pool objects recompressed with the recompression codec and kept in the pool
+    /// instead of being written back.
+    pool_recompressed,
+    /// Cold pool objects the recompression codec did not shrink by a quarter (written back
+    /// as they were).
+    pool_recompress_rejected,
     /// Zero pages swapped in (no storage read).
     swpin_zero,
     /// Zero pages swapped out (no storage used).

@@ -15,11 +15,20 @@
 //! pool, the remote is left alone for a second, and the step goes to the file tier if
 //! there is one; so does a step while the pool is half again over its limit (the remote is
 //! too slow to keep up). Deletes of freed remote objects are sent from here too, in batches.
+//!
+//! Recompression (zram's `recompress`, done where zswap would write back): with
+//! `recompress` set, a cold object still in the pool's compressor is first recompressed
+//! with that codec. If it shrinks by a quarter or more it stays in the pool, its entry's
+//! codec bit set, and its cluster goes back to the young end of the age list; if not, it is
+//! written back at once. An object met again while recompressed is written back as it is,
+//! with its codec bit. So the pool's coldest data is kept at the slower codec's ratio, and
+//! only what is cold twice over, or does not shrink, reaches the disk.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::compress::{compress_uncounted, decompress, COMPRESS_BUF_BYTES};
 use crate::backend::file::{FileError, UnitCache, UnitWriter};
 use crate::backend::pool::PoolHandle;
 use crate::fault::fatal;
@@ -31,6 +40,8 @@ use crate::swap::{SwapEntry, SwapSpace, Tag};
 const WRITEBACK_CLUSTERS: usize = 2;
 /// Writeback, once started, goes on until the pool is under this share of its limit.
 pub const ACCEPT_THRESHOLD_PERCENT: u64 = 90;
+/// Objects shorter than this are not worth recompressing.
+const RECOMPRESS_MIN_BYTES: usize = 256;
 
 pub(crate) struct Writeback {
     s: Arc<Shared>,
@@ -39,6 +50,9 @@ pub(crate) struct Writeback {
     warned_remote_error: bool,
     /// The last step found no tier to take its objects, or its write failed.
     failed: bool,
+    /// Recompression buffers: the decompressed page and the new object.
+    page: Vec<u8>,
+    recompressed: Vec<u8>,
 }
 
 /// Steps in a row that write nothing, without an error, before writeback counts as failing
@@ -132,7 +146,52 @@ impl Writeback {
             Some(_) => Some(UnitWriter::new(s.config.file_unit_bytes)?),
             None => None,
         };
-        Ok(Writeback { s, writer, warned_write_error: false, warned_remote_error: false, failed: false })
+        Ok(Writeback {
+            s,
+            writer,
+            warned_write_error: false,
+            warned_remote_error: false,
+            failed: false,
+            page: vec![0; PAGE_SIZE],
+            recompressed: vec![0; COMPRESS_BUF_BYTES],
+        })
+    }
+
+    /// Recompresses locked pool entry `e` of `slot` with the recompression codec if that
+    /// shrinks the object by a quarter or more: the entry (unlocked) then points at the new
+    /// object with its codec bit set. Returns false, the entry still locked and unchanged,
+    /// when there is no recompression, the object is already recompressed, raw or small,
+    /// or does not shrink enough: the caller writes it back.
+    fn try_recompress(&mut self, slot: u64, e: SwapEntry) -> bool {
+        let s = &*self.s;
+        let Some(codec) = s.config.recompress else {
+            return false;
+        };
+        let (h, len) = e.addr_len();
+        if e.recompressed() || codec == s.config.compressor || !(RECOMPRESS_MIN_BYTES..PAGE_SIZE).contains(&len) {
+            return false;
+        }
+        let Some(handle) = PoolHandle::from_raw(h) else {
+            return false;
+        };
+        // SAFETY: the entry is locked, so the object stays allocated while we read it.
+        let obj = unsafe { s.pool.object(handle, len) };
+        // An object that does not decompress is written back as it is: its reader reports it.
+        if decompress(s.config.compressor, obj, &mut self.page).is_err() {
+            return false;
+        }
+        let Some(n) = compress_uncounted(codec, &self.page, &mut self.recompressed, len - len / 4) else {
+            s.counters.pool_recompress_rejected.fetch_add(1, Ordering::Relaxed);
+            return false;
+        };
+        let Ok(new_handle) = s.pool.store(&self.recompressed[..n]) else {
+            return false;
+        };
+        let new = e.with_place(Tag::Pool, SwapEntry::pool(new_handle.raw(), n).with_recompressed(true).location());
+        s.swap.unlock(slot, e, new);
+        s.pool.free(handle, len);
+        s.counters.pool_recompressed.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Writes back the pool objects of the `n_clusters` coldest clusters to the file, many
@@ -176,6 +235,12 @@ impl Writeback {
                         continue;
                     }
                 };
+                if self.try_recompress(slot, e) {
+                    // Stays in the pool: its cluster comes round again before it goes.
+                    written += 1;
+                    left_behind = true;
+                    continue;
+                }
                 let (h, len) = e.addr_len();
                 let Some(handle) = PoolHandle::from_raw(h) else {
                     s.swap.unlock(slot, e, e);
@@ -229,6 +294,7 @@ impl Writeback {
         let clusters = s.swap.take_coldest(n_clusters);
         let mut held: Vec<(u64, SwapEntry)> = Vec::new();
         let mut requeue = Vec::new();
+        let mut recompressed = 0;
         for &cid in &clusters {
             let mut left_behind = false;
             for slot in SwapSpace::cluster_slots(cid) {
@@ -244,6 +310,11 @@ impl Writeback {
                     s.swap.unlock(slot, e, e);
                     continue;
                 }
+                if self.try_recompress(slot, e) {
+                    recompressed += 1;
+                    left_behind = true;
+                    continue;
+                }
                 held.push((slot, e));
             }
             if left_behind {
@@ -254,7 +325,7 @@ impl Writeback {
             for cid in requeue {
                 s.swap.requeue_cold(cid);
             }
-            return Some(0);
+            return Some(recompressed);
         }
         let items: Vec<(u64, &[u8])> = held
             .iter()
@@ -281,7 +352,8 @@ impl Writeback {
                 let n = held.len();
                 for ((slot, e), version) in held.into_iter().zip(versions) {
                     let (h, len) = e.addr_len();
-                    let new = e.with_place(Tag::Remote, SwapEntry::pool(version, len).location());
+                    let place = SwapEntry::pool(version, len).with_recompressed(e.recompressed());
+                    let new = e.with_place(Tag::Remote, place.location());
                     s.swap.unlock(slot, e, new);
                     if let Some(handle) = PoolHandle::from_raw(h) {
                         s.pool.free(handle, len);
@@ -291,7 +363,7 @@ impl Writeback {
                 for cid in requeue {
                     s.swap.requeue_cold(cid);
                 }
-                Some(n)
+                Some(n + recompressed)
             }
             Err(err) => {
                 if !self.warned_remote_error {
@@ -325,7 +397,8 @@ impl Writeback {
                 self.s.counters.file_writes.fetch_add(1, Ordering::Relaxed);
                 for (slot, e, off) in held.drain(..) {
                     let (h, len) = e.addr_len();
-                    let new = e.with_place(Tag::File, SwapEntry::file(base + off as u64, len).location());
+                    let place = SwapEntry::file(base + off as u64, len).with_recompressed(e.recompressed());
+                    let new = e.with_place(Tag::File, place.location());
                     self.s.swap.unlock(slot, e, new);
                     if let Some(handle) = PoolHandle::from_raw(h) {
                         self.s.pool.free(handle, len);
@@ -414,7 +487,8 @@ pub(crate) fn drain_file(s: &Arc<Shared>) -> DrainReport {
                     return report;
                 }
             };
-            let new = e.with_place(Tag::Pool, SwapEntry::pool(handle.raw(), len).location());
+            let place = SwapEntry::pool(handle.raw(), len).with_recompressed(e.recompressed());
+            let new = e.with_place(Tag::Pool, place.location());
             s.swap.unlock(slot, e, new);
             file.free(off, len);
             report.moved += 1;

@@ -674,3 +674,81 @@ fn fault_cost_encrypted_vs_crc32c() {
         );
     }
 }
+
+/// A page whose first half is xorshift noise and second half zeros: lz4 and zstd both store
+/// it in a little over 2 KiB, so recompression cannot shrink it by a quarter.
+fn fill_half_noise(buf: &mut [u8], p: usize) {
+    let mut x = (p as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for w in buf[..PAGE / 2].chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        w.copy_from_slice(&x.to_le_bytes());
+    }
+    buf[PAGE / 2..].fill(0);
+}
+
+#[test]
+fn recompressed_objects_stay_in_the_pool_then_reach_the_file_in_their_codec() {
+    let p = Pager::new(PagerConfig {
+        budget_bytes: 8 << 20,
+        tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
+        pool_max_bytes: Some(1 << 20),
+        recompress: Some(tierswap::Compressor::Zstd { level: 1 }),
+        ..Default::default()
+    })
+    .unwrap();
+    // 1 MiB of pages that neither codec shrinks below ~2 KiB, evicted first (the coldest),
+    // then 8 MiB of counter pages (lz4 ~2,060 bytes each, zstd ~570).
+    let n = 2048;
+    let n_noise = 256;
+    let mut noise = p.region(n_noise * PAGE, Hint::Normal).unwrap();
+    let mem = noise.as_mut_slice();
+    for pg in 0..n_noise {
+        fill_half_noise(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg);
+    }
+    p.evict_all();
+    let r = filled_region(&p, n);
+    p.evict_all();
+    // Even recompressed, the counter pages do not fit the 1 MiB pool: some recompressed
+    // objects come round again and go to the file.
+    let t0 = std::time::Instant::now();
+    loop {
+        let st = p.stats();
+        let c = &st.counters;
+        if c.pool_recompress_rejected == n_noise as u64
+            && c.zswpwb > c.pool_recompress_rejected
+            && st.pool_total_size <= 1 << 20
+        {
+            break;
+        }
+        assert!(t0.elapsed().as_secs() < 30, "writeback did not settle: {st:?}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let st = p.stats();
+    let c = &st.counters;
+    // Every written-back object was either a half-noise page (rejected) or a counter page
+    // recompressed before, so some recompressed objects are still in the pool; and the
+    // counter records are zstd-sized on the file (lz4 alone averages over 2,000 bytes).
+    assert_eq!(c.pswpout, c.zswpwb, "{st:?}");
+    let counter_records = c.pswpout - c.pool_recompress_rejected;
+    assert!(c.pool_recompressed > counter_records, "{st:?}");
+    let counter_bytes = c.file_write_bytes - c.pool_recompress_rejected * 2048;
+    assert!(counter_records > 0, "{st:?}");
+    assert!(counter_bytes / counter_records < 1200, "{counter_bytes} bytes for {counter_records} records: {st:?}");
+    // Every byte comes back, from the pool and the file, each decoded with its own codec.
+    let mem = r.as_slice();
+    for pg in 0..n {
+        assert!(page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg), "counter page {pg}");
+    }
+    let mut want = vec![0u8; PAGE];
+    let mem = noise.as_slice();
+    for pg in 0..n_noise {
+        fill_half_noise(&mut want, pg);
+        assert!(mem[pg * PAGE..(pg + 1) * PAGE] == want[..], "half-noise page {pg}");
+    }
+    let c = p.stats().counters;
+    // Reading 9 MiB under an 8 MiB budget evicts some pages again, so a few read twice.
+    assert!(c.zswpin + c.pswpin >= (n + n_noise) as u64, "every page read: {c:?}");
+    assert!(c.pswpin >= c.pswpout, "every record on the file read: {c:?}");
+}

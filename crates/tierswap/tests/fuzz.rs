@@ -745,10 +745,16 @@ mod words {
         let (addr, len) = e.addr_len();
         prop_assert!((1..=4096).contains(&len));
         prop_assert_eq!(len as u64 - 1, e.location() & 0xfff);
+        let addr_field = (e.location() >> 12) & ((1 << ADDR_BITS) - 1);
         match e.tag() {
-            Tag::File => prop_assert_eq!(addr, (e.location() >> 12) * 16),
-            _ => prop_assert_eq!(addr, e.location() >> 12),
+            Tag::File => prop_assert_eq!(addr, addr_field * 16),
+            _ => prop_assert_eq!(addr, addr_field),
         }
+        // The codec bit (location bit 50) counts for Pool, File and Remote only.
+        let codec_bit = e.location() >> 50 == 1;
+        prop_assert_eq!(e.recompressed(), codec_bit && matches!(e.tag(), Tag::Pool | Tag::File | Tag::Remote));
+        prop_assert_eq!(e.with_recompressed(codec_bit).raw(), e.raw());
+        prop_assert_eq!(e.with_recompressed(!codec_bit).addr_len(), e.addr_len());
         // Every decoded pattern is one the encoder takes, and it reads back the same.
         let p = e.pattern();
         prop_assert_eq!(p, decode_pattern(e.location()));
@@ -802,7 +808,7 @@ mod words {
     }
 
     fn check_handle((raw, span, obj, len): (u64, u32, u16, usize)) -> TestCaseResult {
-        // Any word: a handle iff it fits 39 bits, and then its fields are its bits.
+        // Any word: a handle iff it fits 38 bits, and then its fields are its bits.
         match PoolHandle::from_raw(raw) {
             Some(h) => {
                 prop_assert!(raw >> POOL_HANDLE_BITS == 0);
@@ -823,7 +829,7 @@ mod words {
 
     #[test]
     fn pool_handle() {
-        let span = prop_oneof![0u32..(1 << 29), Just((1 << 29) - 1), Just(0)];
+        let span = prop_oneof![0u32..(1 << 28), Just((1 << 28) - 1), Just(0)];
         fuzz("words::pool_handle", 1, (edgy_u64(), span, 0u16..1024, 1usize..=4096), check_handle);
     }
 }
@@ -1021,6 +1027,7 @@ mod swap_space {
     use super::*;
     use std::collections::BTreeMap;
     use tierswap::swap::{ClusterState, SwapEntry, SwapSpace, Tag, SLOTS_PER_CLUSTER};
+    use tierswap::swap::entry::ADDR_BITS;
 
     const PER: u64 = SLOTS_PER_CLUSTER as u64;
     const TAGS: [Tag; 7] = [Tag::Free, Tag::Reserved, Tag::Zero, Tag::SameFilled, Tag::Pool, Tag::File, Tag::Remote];
@@ -1077,8 +1084,8 @@ mod swap_space {
         let e = match kind {
             0 => SwapEntry::zero(),
             1 => SwapEntry::same_filled(a).unwrap_or_else(|| SwapEntry::same_filled(a & 0xffff).expect("small fits")),
-            2 => SwapEntry::pool(a % (1 << 39), len),
-            3 => SwapEntry::file((a % (1 << 39)) * 16, len),
+            2 => SwapEntry::pool(a % (1 << ADDR_BITS), len).with_recompressed(b & 2 == 2),
+            3 => SwapEntry::file((a % (1 << ADDR_BITS)) * 16, len).with_recompressed(b & 2 == 2),
             4 => SwapEntry::new(Tag::Remote, 1, a),
             _ => SwapEntry::new(Tag::Reserved, 1, 0),
         };

@@ -38,6 +38,12 @@ pub const COMPRESS_BUF_BYTES: usize = 2 * PAGE_SIZE;
 /// compressed length, or `None` when it is longer than `limit` (pass
 /// [`INCOMPRESSIBLE_LIMIT`] to test compressibility).
 pub fn compress(c: Compressor, src: &[u8], dst: &mut [u8], limit: usize) -> Option<usize> {
+    crate::inject::compressed(compress_uncounted(c, src, dst, limit))
+}
+
+/// [`compress`] without fault injection: for recompression, whose failure only means the
+/// object is written back as it was.
+pub fn compress_uncounted(c: Compressor, src: &[u8], dst: &mut [u8], limit: usize) -> Option<usize> {
     debug_assert!(dst.len() >= COMPRESS_BUF_BYTES);
     let n = match c {
         // lz4_flex wants room for the worst case up front.
@@ -51,7 +57,7 @@ pub fn compress(c: Compressor, src: &[u8], dst: &mut [u8], limit: usize) -> Opti
             z.compress_to_buffer(src, dst).ok()
         }),
     };
-    crate::inject::compressed(n.filter(|&n| n <= limit))
+    n.filter(|&n| n <= limit)
 }
 
 /// Decompresses `src` into `dst`, which must come out exactly full (one page).

@@ -21,8 +21,9 @@ use std::sync::Mutex;
 use crate::page::PAGE_SIZE;
 use crate::sys;
 
-/// Bits of a [`PoolHandle`] (it shares the swap entry's location with a 12-bit length).
-pub const POOL_HANDLE_BITS: u32 = 39;
+/// Bits of a [`PoolHandle`] (it shares the swap entry's location with a 12-bit length and
+/// the codec bit).
+pub const POOL_HANDLE_BITS: u32 = 38;
 const OBJ_BITS: u32 = 10;
 const SPAN_BITS: u32 = POOL_HANDLE_BITS - OBJ_BITS;
 /// Size class granularity.
@@ -37,9 +38,9 @@ const NO_OBJ: u16 = u16::MAX;
 /// Where a pool object is.
 ///
 /// ```text
-///  38                              10 9            0
+///  37                              10 9            0
 /// +----------------------------------+--------------+
-/// |           span id (29)           | object (10)  |
+/// |           span id (28)           | object (10)  |
 /// +----------------------------------+--------------+
 /// ```
 /// A span is at `arena + span_id * 32 KiB`; the object at `object * class size` in it.
@@ -62,12 +63,12 @@ impl PoolHandle {
         (self.0 & ((1 << OBJ_BITS) - 1)) as u16
     }
 
-    /// The raw word (< 2^39).
+    /// The raw word (< 2^38).
     pub const fn raw(self) -> u64 {
         self.0
     }
 
-    /// From a raw word, if it fits 39 bits.
+    /// From a raw word, if it fits 38 bits.
     pub const fn from_raw(raw: u64) -> Option<PoolHandle> {
         if raw >> POOL_HANDLE_BITS == 0 {
             Some(PoolHandle(raw))

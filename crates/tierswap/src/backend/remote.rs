@@ -3,7 +3,7 @@
 //! this tier's own that never leaves the process), so the store never sees plaintext.
 //!
 //! Every write of a page gets a fresh version from a counter that never repeats under the
-//! key; the version lives in the swap entry (`| version (39) | length - 1 (12) |`), names
+//! key; the version lives in the swap entry (`| codec (1) | version (38) | length - 1 (12) |`), names
 //! the object and goes into the seal:
 //! ```text
 //!  key   : ts:{<pager id, 16 hex>.<version / 512, hex>}<version % 512, hex>
@@ -76,7 +76,7 @@ pub enum RemoteError {
         /// What the seal said.
         source: FileError,
     },
-    /// The version counter ran out (2^39 writes under one key).
+    /// The version counter ran out (2^38 writes under one key).
     #[error("the remote tier's version counter is exhausted; restart the pager for a new key")]
     CounterExhausted,
 }
@@ -587,7 +587,7 @@ mod tests {
         let n = t.key(513, &mut b);
         assert_eq!(&b[..n], b"ts:{0123456789abcdef.1}1");
         let n = t.key((1 << ADDR_BITS) - 1, &mut b);
-        assert_eq!(&b[..n], b"ts:{0123456789abcdef.3fffffff}1ff");
+        assert_eq!(&b[..n], b"ts:{0123456789abcdef.1fffffff}1ff");
         let mut c = [0u8; KEY_BYTES];
         let m = t.key(1023, &mut c);
         assert_eq!(super::super::resp::key_slot(&c[..m]), super::super::resp::key_slot(b"{0123456789abcdef.1}"));

@@ -17,8 +17,12 @@ use crate::backend::Backend;
 ///  location, by tag:
 ///    Zero        0
 ///    SameFilled  the fill pattern, see [`encode_pattern`]
-///    Pool        | pool handle (39) | length - 1 (12) |
-///    File        | file offset / 16 (39) | length - 1 (12) |
+///    Pool        | C | pool handle (38)           | length - 1 (12) |
+///    File        | C | file offset / 16 (38)      | length - 1 (12) |
+///    Remote      | C | object version (38)        | length - 1 (12) |
+///                 50  49                        12  11              0
+///  C      codec: 0 the pool's compressor, 1 the recompression codec (the object was
+///         recompressed in the pool while cold, and keeps that codec on the file or remote)
 /// ```
 /// An all-zero word is a free slot, which is what a released swap table page reads as.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -96,8 +100,11 @@ impl Tag {
 pub const LOCATION_BITS: u32 = 51;
 /// Bits of an object length field (length - 1, so 1..=4096).
 const LEN_BITS: u32 = 12;
-/// Bits of a pool handle or file offset/16.
-pub const ADDR_BITS: u32 = LOCATION_BITS - LEN_BITS;
+/// Bits of a pool handle, file offset/16 or remote version (the location's top bit is the
+/// codec bit).
+pub const ADDR_BITS: u32 = LOCATION_BITS - LEN_BITS - 1;
+/// The codec bit of a Pool, File or Remote location.
+const RECOMPRESSED: u64 = 1 << (LOCATION_BITS - 1);
 /// Largest swap count.
 pub const MAX_COUNT: u32 = 255;
 
@@ -130,13 +137,14 @@ impl SwapEntry {
         encode_pattern(pattern).map(|loc| SwapEntry::new(Tag::SameFilled, 1, loc))
     }
 
-    /// A pool object of `len` bytes (1..=4096) at `handle` (< 2^39).
+    /// A pool object of `len` bytes (1..=4096) at `handle` (< 2^38), compressed with the
+    /// pool's compressor.
     pub fn pool(handle: u64, len: usize) -> SwapEntry {
         SwapEntry::new(Tag::Pool, 1, pack_addr_len(handle, len))
     }
 
     /// A file record of `len` bytes of payload whose header starts at byte `offset`
-    /// (a multiple of 16, < 2^43).
+    /// (a multiple of 16, < 2^42).
     pub fn file(offset: u64, len: usize) -> SwapEntry {
         debug_assert_eq!(offset % 16, 0);
         SwapEntry::new(Tag::File, 1, pack_addr_len(offset / 16, len))
@@ -200,10 +208,26 @@ impl SwapEntry {
         SwapEntry(self.0 & !Self::LOCK)
     }
 
-    /// Pool handle and length of a Pool entry, file offset and length of a File entry.
+    /// Whether a Pool, File or Remote entry's bytes are in the recompression codec rather
+    /// than the pool's compressor.
+    pub const fn recompressed(self) -> bool {
+        matches!(self.tag(), Tag::Pool | Tag::File | Tag::Remote) && self.0 & RECOMPRESSED != 0
+    }
+
+    /// A Pool, File or Remote entry with the codec bit set or cleared.
+    pub const fn with_recompressed(self, r: bool) -> SwapEntry {
+        if r {
+            SwapEntry(self.0 | RECOMPRESSED)
+        } else {
+            SwapEntry(self.0 & !RECOMPRESSED)
+        }
+    }
+
+    /// Pool handle and length of a Pool entry, file offset and length of a File entry,
+    /// version and length of a Remote entry.
     pub const fn addr_len(self) -> (u64, usize) {
         let loc = self.location();
-        let addr = loc >> LEN_BITS;
+        let addr = (loc >> LEN_BITS) & ((1 << ADDR_BITS) - 1);
         let len = (loc & ((1 << LEN_BITS) - 1)) as usize + 1;
         match self.tag() {
             Tag::File => (addr * 16, len),
@@ -319,6 +343,21 @@ mod tests {
         }
 
         #[test]
+        fn the_codec_bit_round_trips_apart_from_the_place(addr in 0u64..(1 << ADDR_BITS), len in 1usize..=4096, count in 1u32..=MAX_COUNT, r: bool, c: bool) {
+            for e in [SwapEntry::pool(addr, len), SwapEntry::file(addr * 16, len)] {
+                let e = e.with_count(count).with_referenced(r).with_recompressed(c);
+                prop_assert_eq!(e.recompressed(), c);
+                prop_assert_eq!((e.count(), e.referenced()), (count, r));
+                let want = if e.tag() == Tag::File { (addr * 16, len) } else { (addr, len) };
+                prop_assert_eq!(e.addr_len(), want);
+                prop_assert_eq!(e.with_recompressed(!c).with_recompressed(c), e);
+                // Moving the bytes keeps the codec when the caller carries the bit over.
+                let moved = e.with_place(Tag::File, SwapEntry::file(16, len).with_recompressed(c).location());
+                prop_assert_eq!((moved.recompressed(), moved.addr_len()), (c, (16, len)));
+            }
+        }
+
+        #[test]
         fn pattern_round_trip(p: u64) {
             if let Some(loc) = encode_pattern(p) {
                 prop_assert!(loc < (1 << LOCATION_BITS));
@@ -340,5 +379,15 @@ mod tests {
         assert_eq!(SwapEntry::FREE.raw(), 0);
         assert_eq!(SwapEntry::from_raw(0).tag(), Tag::Free);
         assert_eq!(encode_pattern(0x0123_4567_89ab_cdef), None);
+    }
+
+    #[test]
+    fn the_codec_bit_is_the_locations_top_bit_and_means_nothing_for_patterns() {
+        let e = SwapEntry::pool((1 << ADDR_BITS) - 1, 4096).with_recompressed(true);
+        assert_eq!(e.location(), (1 << LOCATION_BITS) - 1);
+        // A same-filled pattern uses bit 50 for itself: it never reads as recompressed.
+        let s = SwapEntry::same_filled(0x4141_4141_4141_4141).unwrap();
+        assert_eq!(s.location() >> 50, 1);
+        assert!(!s.recompressed());
     }
 }
