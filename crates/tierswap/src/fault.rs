@@ -1172,6 +1172,7 @@ pub(crate) fn free_backend(s: &Shared, e: SwapEntry) {
             let (h, len) = e.addr_len();
             if let Some(handle) = PoolHandle::from_raw(h) {
                 s.pool.free(handle, len);
+                crate::writeback::count_recompressible(s, e, false);
             }
         }
         Tag::File => {

@@ -312,6 +312,8 @@ pub(crate) struct Shared {
     pub(crate) wb_wanted: AtomicBool,
     /// The last writeback step wrote nothing though the pool holds objects.
     pub(crate) wb_failing: AtomicBool,
+    /// Pool objects recompression could still shrink (see [`crate::writeback::recompressible`]).
+    pub(crate) pool_recompressible: AtomicU64,
     /// The file tier takes no new records (drained).
     pub(crate) file_off: AtomicBool,
     /// Writers of file units hold it shared (reclaim and writeback write at once); drain
@@ -770,6 +772,7 @@ impl Pager {
             wb_kick: Kick::default(),
             wb_wanted: AtomicBool::new(false),
             wb_failing: AtomicBool::new(false),
+            pool_recompressible: AtomicU64::new(0),
             file_off: AtomicBool::new(false),
             file_gate: RwLock::new(()),
             keepalive: AtomicBool::new(false),

@@ -19,13 +19,15 @@ use crate::backend::zero::same_filled_pattern;
 use crate::fault::fatal;
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
 use crate::pager::{RegionInner, Shared};
-use crate::pagetable::{Pte, PteState};
+use crate::pagetable::{Pte, PteState, PTES_PER_CHUNK};
 use crate::swap::{SwapEntry, Tag};
 use crate::sys;
 use crate::uffd;
 
 /// Blocks deactivated or evicted per step (1 MiB).
 const BATCH_BLOCKS: usize = 16;
+/// 64 KiB blocks per page-table chunk (2 MiB).
+const CHUNK_BLOCKS: usize = PTES_PER_CHUNK / BLOCK_PAGES;
 /// Reclaim's allocation lane in the swap space.
 const LANE: usize = 0;
 
@@ -230,6 +232,13 @@ impl Reclaim {
             while scanned < n_blocks && blocks_done < max_blocks {
                 let b = r.clock_block.fetch_add(1, Ordering::Relaxed) % n_blocks;
                 scanned += 1;
+                if !r.ptes.chunk_has_present(b * BLOCK_PAGES) {
+                    // Nothing present in this block's 2 MiB chunk: the hand jumps past it.
+                    let rest = (CHUNK_BLOCKS - 1 - b % CHUNK_BLOCKS).min(n_blocks - 1 - b);
+                    r.clock_block.fetch_add(rest, Ordering::Relaxed);
+                    scanned += rest;
+                    continue;
+                }
                 let n = self.deactivate_block(r, b, false);
                 if n > 0 {
                     moved += n;
@@ -597,7 +606,9 @@ impl Reclaim {
             Some(len) if tiers.pool => match s.pool.store(&self.compressed[..len]) {
                 Ok(h) => {
                     s.counters.zswpout.fetch_add(1, Ordering::Relaxed);
-                    Stored::Entry(SwapEntry::pool(h.raw(), len))
+                    let e = SwapEntry::pool(h.raw(), len);
+                    crate::writeback::count_recompressible(s, e, true);
+                    Stored::Entry(e)
                 }
                 Err(_) => self.to_file_or_raw(page, slot, Some(len)),
             },

@@ -24,6 +24,7 @@
 //! with its codec bit. So the pool's coldest data is kept at the slower codec's ratio, and
 //! only what is cold twice over, or does not shrink, reaches the disk.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +43,31 @@ const WRITEBACK_CLUSTERS: usize = 2;
 pub const ACCEPT_THRESHOLD_PERCENT: u64 = 90;
 /// Objects shorter than this are not worth recompressing.
 const RECOMPRESS_MIN_BYTES: usize = 256;
+/// Clusters one writeback step walks past recompressed objects, looking for objects to
+/// recompress, before it writes the recompressed ones back.
+const RECOMPRESS_WALK_CLUSTERS: usize = 64;
+
+/// Whether pool entry `e` is one recompression could still shrink: in the pool's
+/// compressor, compressed (not a raw page) and not tiny, with a recompression codec set.
+pub(crate) fn recompressible(s: &Shared, e: SwapEntry) -> bool {
+    s.config.recompress.is_some_and(|c| c != s.config.compressor)
+        && e.tag() == Tag::Pool
+        && !e.recompressed()
+        && (RECOMPRESS_MIN_BYTES..PAGE_SIZE).contains(&e.addr_len().1)
+}
+
+/// Counts pool entry `e` into `Shared::pool_recompressible` when it is placed (`placed`),
+/// or out when its object is freed or moved, if it is [`recompressible`].
+pub(crate) fn count_recompressible(s: &Shared, e: SwapEntry, placed: bool) {
+    if !recompressible(s, e) {
+        return;
+    }
+    if placed {
+        s.pool_recompressible.fetch_add(1, Ordering::Relaxed);
+    } else {
+        let _ = s.pool_recompressible.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+}
 
 pub(crate) struct Writeback {
     s: Arc<Shared>,
@@ -50,6 +76,8 @@ pub(crate) struct Writeback {
     warned_remote_error: bool,
     /// The last step found no tier to take its objects, or its write failed.
     failed: bool,
+    /// The last step met only recompressed objects it deferred: this one writes them.
+    no_defer: bool,
     /// Recompression buffers: the decompressed page and the new object.
     page: Vec<u8>,
     recompressed: Vec<u8>,
@@ -152,6 +180,7 @@ impl Writeback {
             warned_write_error: false,
             warned_remote_error: false,
             failed: false,
+            no_defer: false,
             page: vec![0; PAGE_SIZE],
             recompressed: vec![0; COMPRESS_BUF_BYTES],
         })
@@ -167,10 +196,10 @@ impl Writeback {
         let Some(codec) = s.config.recompress else {
             return false;
         };
-        let (h, len) = e.addr_len();
-        if e.recompressed() || codec == s.config.compressor || !(RECOMPRESS_MIN_BYTES..PAGE_SIZE).contains(&len) {
+        if !recompressible(s, e) {
             return false;
         }
+        let (h, len) = e.addr_len();
         let Some(handle) = PoolHandle::from_raw(h) else {
             return false;
         };
@@ -190,6 +219,7 @@ impl Writeback {
         let new = e.with_place(Tag::Pool, SwapEntry::pool(new_handle.raw(), n).with_recompressed(true).location());
         s.swap.unlock(slot, e, new);
         s.pool.free(handle, len);
+        count_recompressible(s, e, false);
         s.counters.pool_recompressed.fetch_add(1, Ordering::Relaxed);
         true
     }
@@ -223,8 +253,14 @@ impl Writeback {
         };
         let mut held: Vec<(u64, SwapEntry, usize)> = Vec::new();
         let mut written = 0;
-        let clusters = s.swap.take_coldest(n_clusters);
-        'clusters: for &cid in &clusters {
+        // Recompressed objects wait while recompression can still make room elsewhere in
+        // the pool; the step then walks on, up to RECOMPRESS_WALK_CLUSTERS, to find it.
+        let defer = !self.no_defer && s.pool_recompressible.load(Ordering::Relaxed) > 0;
+        let mut deferred = 0;
+        let mut walked = 0;
+        let mut queue: VecDeque<u32> = s.swap.take_coldest(n_clusters).into();
+        'clusters: while let Some(cid) = queue.pop_front() {
+            walked += 1;
             let mut left_behind = false;
             for slot in SwapSpace::cluster_slots(cid) {
                 let e = match claim_pool_slot(&s, slot) {
@@ -235,6 +271,12 @@ impl Writeback {
                         continue;
                     }
                 };
+                if e.recompressed() && defer {
+                    s.swap.unlock(slot, e, e);
+                    deferred += 1;
+                    left_behind = true;
+                    continue;
+                }
                 if self.try_recompress(slot, e) {
                     // Stays in the pool: its cluster comes round again before it goes.
                     written += 1;
@@ -255,7 +297,11 @@ impl Writeback {
                             Some(n) => written += n,
                             None => {
                                 s.swap.unlock(slot, e, e);
+                                // The clusters not done yet keep their (cold) place in line.
                                 s.swap.requeue_cold(cid);
+                                for cid in queue.drain(..) {
+                                    s.swap.requeue_cold(cid);
+                                }
                                 break 'clusters;
                             }
                         }
@@ -273,7 +319,14 @@ impl Writeback {
             if left_behind {
                 s.swap.requeue_cold(cid);
             }
+            if queue.is_empty() && written == 0 && deferred > 0 && walked < RECOMPRESS_WALK_CLUSTERS {
+                queue.extend(s.swap.take_coldest(1));
+            }
         }
+        // A step that only deferred makes the next one write recompressed objects back:
+        // what recompression could still shrink was out of reach (busy, or not yet on the
+        // age list).
+        self.no_defer = written == 0 && deferred > 0;
         if !held.is_empty() {
             if let Some(n) = self.commit_writeback(&mut w, &mut held) {
                 written += n;
@@ -357,6 +410,7 @@ impl Writeback {
                     s.swap.unlock(slot, e, new);
                     if let Some(handle) = PoolHandle::from_raw(h) {
                         s.pool.free(handle, len);
+                        count_recompressible(&s, e, false);
                     }
                     s.counters.zswpwb.fetch_add(1, Ordering::Relaxed);
                 }
@@ -402,6 +456,7 @@ impl Writeback {
                     self.s.swap.unlock(slot, e, new);
                     if let Some(handle) = PoolHandle::from_raw(h) {
                         self.s.pool.free(handle, len);
+                        count_recompressible(&self.s, e, false);
                     }
                     self.s.counters.zswpwb.fetch_add(1, Ordering::Relaxed);
                     self.s.counters.pswpout.fetch_add(1, Ordering::Relaxed);
@@ -490,6 +545,7 @@ pub(crate) fn drain_file(s: &Arc<Shared>) -> DrainReport {
             let place = SwapEntry::pool(handle.raw(), len).with_recompressed(e.recompressed());
             let new = e.with_place(Tag::Pool, place.location());
             s.swap.unlock(slot, e, new);
+            count_recompressible(s, new, true);
             file.free(off, len);
             report.moved += 1;
         }

@@ -1026,8 +1026,8 @@ mod pool {
 mod swap_space {
     use super::*;
     use std::collections::BTreeMap;
-    use tierswap::swap::{ClusterState, SwapEntry, SwapSpace, Tag, SLOTS_PER_CLUSTER};
     use tierswap::swap::entry::ADDR_BITS;
+    use tierswap::swap::{ClusterState, SwapEntry, SwapSpace, Tag, SLOTS_PER_CLUSTER};
 
     const PER: u64 = SLOTS_PER_CLUSTER as u64;
     const TAGS: [Tag; 7] = [Tag::Free, Tag::Reserved, Tag::Zero, Tag::SameFilled, Tag::Pool, Tag::File, Tag::Remote];
