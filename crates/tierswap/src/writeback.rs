@@ -20,9 +20,12 @@
 //! `recompress` set, a cold object still in the pool's compressor is first recompressed
 //! with that codec. If it shrinks by a quarter or more it stays in the pool, its entry's
 //! codec bit set, and its cluster goes back to the young end of the age list; if not, it is
-//! written back at once. An object met again while recompressed is written back as it is,
-//! with its codec bit. So the pool's coldest data is kept at the slower codec's ratio, and
-//! only what is cold twice over, or does not shrink, reaches the disk.
+//! written back at once. An object met again while recompressed waits as long as the pool
+//! still holds objects to recompress (`Shared::pool_recompressible`): the step walks on, up
+//! to 64 clusters, to recompress those instead. Only when none is within reach are
+//! recompressed objects written to the file, as they are, with their codec bit (to the
+//! remote tier they go on their second visit, without waiting). So the disk sees what does
+//! not shrink, and what still does not fit once everything in the pool has been shrunk.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
