@@ -688,16 +688,21 @@ fn fill_half_noise(buf: &mut [u8], p: usize) {
     buf[PAGE / 2..].fill(0);
 }
 
-#[test]
-fn recompressed_objects_stay_in_the_pool_then_reach_the_file_in_their_codec() {
-    let p = Pager::new(PagerConfig {
-        budget_bytes: 8 << 20,
+/// A pager with all three local tiers that recompresses cold pool objects with zstd.
+fn recompressing_pager(budget_bytes: u64, pool_max_bytes: u64) -> Pager {
+    Pager::new(PagerConfig {
+        budget_bytes,
         tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
-        pool_max_bytes: Some(1 << 20),
+        pool_max_bytes: Some(pool_max_bytes),
         recompress: Some(tierswap::Compressor::Zstd { level: 1 }),
         ..Default::default()
     })
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn recompressed_objects_stay_in_the_pool_then_reach_the_file_in_their_codec() {
+    let p = recompressing_pager(8 << 20, 1 << 20);
     // 1 MiB of pages that neither codec shrinks below ~2 KiB, evicted first (the coldest),
     // then 8 MiB of counter pages (lz4 ~2,060 bytes each, zstd ~570).
     let n = 2048;
@@ -757,14 +762,7 @@ fn recompressed_objects_stay_in_the_pool_then_reach_the_file_in_their_codec() {
 fn recompressed_objects_read_back_from_the_pool_and_from_the_file() {
     // A pool limit the 4 MiB of pages never reach: the writeback thread stays idle, and
     // each step below is the test's own.
-    let p = Pager::new(PagerConfig {
-        budget_bytes: 16 << 20,
-        tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
-        pool_max_bytes: Some(12 << 20),
-        recompress: Some(tierswap::Compressor::Zstd { level: 1 }),
-        ..Default::default()
-    })
-    .unwrap();
+    let p = recompressing_pager(16 << 20, 12 << 20);
     let n = 1024;
     let r = filled_region(&p, n);
     p.evict_all();
