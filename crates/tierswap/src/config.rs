@@ -42,7 +42,7 @@ pub enum Compressor {
 /// The default recompression codec: none. zstd (level 1) stores the lab's counter pages in
 /// ~570 bytes against lz4's ~2,060, and a sparse refault then decompresses one in ~10 µs
 /// instead of reading the disk (~130 µs); but recompressing costs ~30 µs of CPU per object
-/// while the program evicts, and on 2 CPUs that doubled the swap-out time in the lab. So it
+/// while the program evicts, and on 2 CPUs swap-out took 2.3× as long in the lab. So it
 /// is opt-in (`recompress: Some(Compressor::Zstd { level: 1 })`, `--recompress zstd`).
 pub const DEFAULT_RECOMPRESS: Option<Compressor> = None;
 
