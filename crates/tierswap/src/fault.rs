@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::compress::decompress;
-use crate::backend::file::{AlignedBuf, UnitCache};
+use crate::backend::file::{record_bytes, AlignedBuf, Served, UnitCache};
 use crate::backend::pool::PoolHandle;
 use crate::backend::remote::RemotePrefetch;
 use crate::backend::zero::fill_pattern;
@@ -35,7 +35,7 @@ pub(crate) struct Scratch {
     plan: Vec<Planned>,
     /// Compressed bytes read from the file.
     pub(crate) compressed: Vec<u8>,
-    /// The last file unit read (pages evicted together come back together).
+    /// The last file bytes read (pages evicted together come back together).
     pub(crate) unit: UnitCache,
     /// Remote objects of the swap-in range, fetched in one round trip per node.
     pub(crate) remote: RemotePrefetch,
@@ -420,7 +420,7 @@ impl Planned {
 /// Serves a fault on swapped page `idx` (its pte locked, `old`): admission picks how many
 /// pages come in; every page of that range still swapped is read from its own backend
 /// (mixed ranges: pool, zero, same-filled and file pages side by side, the file's records
-/// from one unit read) and the range is installed in as few ioctls as its runs allow. Wakes
+/// from one read) and the range is installed in as few ioctls as its runs allow. Wakes
 /// nobody: the caller wakes `[first, first + n)` once its bookkeeping is done. Returns the
 /// tier the faulting page came from, `first` and `n`.
 fn swap_in(
@@ -442,9 +442,17 @@ fn swap_in(
     }
     let (first, end) = if pages > 1 { range_of(idx, pages, r.n_pages) } else { (idx, idx + 1) };
     let n = end - first;
-    // A lone page with no readahead to follow (random access, or served in the faulting
-    // thread) reads only its record's pages from the file, not the whole unit.
-    scratch.unit.whole = n > 1 || (!scratch.in_thread && r.ra.window() > 1);
+    // The file copy of the fault threads, shared: the next fault of a stream is often
+    // served by the other thread. Taken only if free (else this thread's own); signal
+    // mode keeps one per buffer, as its faulting threads run independent streams.
+    let mut shared_unit = if scratch.in_thread { None } else { s.unit_cache.as_ref().and_then(try_lock) };
+    let unit = match shared_unit.as_deref_mut() {
+        Some(c) => c,
+        None => &mut scratch.unit,
+    };
+    // Whole units when a readahead follows this lone page (which wants them); else what
+    // the copy has learnt (see UnitCache).
+    unit.whole = n == 1 && !scratch.in_thread && r.ra.window() > 1;
     let plan = &mut scratch.plan;
     plan.clear();
     plan.resize(n, Planned::SKIP);
@@ -462,6 +470,8 @@ fn swap_in(
         }
     }
     let mut fallback = 0u64;
+    // File bytes of the range's records.
+    let mut need = (u64::MAX, 0u64);
     let pool_roomy = s.pool.total_bytes() < s.config.pool_max_bytes() / 4 * 3;
     let may_keep = |tag: Tag, count: u32, slot: u64, write: bool| {
         r.clean_tracking
@@ -523,9 +533,42 @@ fn swap_in(
             };
             (p, e)
         };
+        plan[k] = Planned { pte: Some(pte), entry: e, kind: Kind::Skip, keep: false };
+        if e.tag() == Tag::File {
+            let (off, len) = e.addr_len();
+            need = (need.0.min(off), need.1.max(off + record_bytes(len) as u64));
+        }
+    }
+
+    // The file records of the range in one read where they lie together: those of a large
+    // swap-in, or a lone fault's and (when that has paid) the rest of its block's.
+    if let (Some(file), true) = (s.file.as_ref(), need.0 < need.1) {
+        let (block, witness) = if n == 1 && unit.wants_block() {
+            block_records(s, r, idx, need, file.unit_bytes() as u64)
+        } else {
+            (need, None)
+        };
+        match file.fill(unit, need, block) {
+            Ok(reads) => {
+                s.counters.file_unit_reads.fetch_add(reads as u64, Ordering::Relaxed);
+            }
+            // Counted; the records are read again one by one below, and a fault whose
+            // own record still cannot be read is reported there.
+            Err(_) => {
+                s.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if let Some((slot, e)) = witness {
+            s.swap.unlock(slot, e, e);
+        }
+    }
+
+    for (k, planned) in plan.iter_mut().enumerate() {
+        let Planned { pte: Some(pte), entry: e, .. } = *planned else { continue };
+        let j = first + k;
         let slot = pte.payload();
         let buf = &mut scratch.range.as_mut_slice()[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
-        let kind = match read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed, &scratch.remote) {
+        let kind = match read_entry(s, slot, e, buf, unit, &mut scratch.compressed, &scratch.remote) {
             Ok(true) => Kind::Data,
             Ok(false) => Kind::Zero,
             Err(fail) if j == idx => {
@@ -536,12 +579,14 @@ fn swap_in(
                 // Left swapped: its own fault reports it.
                 s.swap.unlock(slot, e, e);
                 r.ptes.unlock(j, pte, pte);
+                *planned = Planned::SKIP;
                 continue;
             }
         };
         let keep = kind == Kind::Data && may_keep(e.tag(), e.count(), slot, write && j == idx);
-        plan[k] = Planned { pte: Some(pte), entry: e, kind, keep };
+        *planned = Planned { pte: Some(pte), entry: e, kind, keep };
     }
+    drop(shared_unit);
 
     // Install runs of pages of one kind: one ioctl each, no wake until the end.
     // A write to a zero page gets a zeroed copy of its own (saving the write fault after);
@@ -652,6 +697,74 @@ fn swap_in(
     }
     r.locality.note_swapin(hi);
     (from_tag, first, n)
+}
+
+/// For a lone fault on the file record at bytes `rec` (its entry locked): the file bytes
+/// spanning it and the records of the rest of its 64 KiB block that lie in its unit or in
+/// one unit beside it (the side holding more of them), read without locks. Reaching into
+/// the other unit takes a witness: one of its records' entries, locked (and returned for
+/// the caller to unlock after the read), so that unit is not rewritten while it is read.
+fn block_records(
+    s: &Shared,
+    r: &RegionInner,
+    idx: usize,
+    rec: (u64, u64),
+    unit_bytes: u64,
+) -> ((u64, u64), Option<(u64, SwapEntry)>) {
+    let unit = rec.0 / unit_bytes;
+    let block_start = idx - idx % BLOCK_PAGES;
+    let mut own = rec;
+    // Records in the unit before and after: (lowest start, highest end, count, one slot).
+    let mut sides = [(u64::MAX, 0u64, 0u32, 0u64); 2];
+    for j in block_start..(block_start + BLOCK_PAGES).min(r.n_pages) {
+        let p = r.ptes.load(j);
+        if j == idx || p.state() != PteState::Swapped || p.locked() {
+            continue;
+        }
+        let e = s.swap.load(p.payload());
+        if e.tag() != Tag::File {
+            continue;
+        }
+        let (off, len) = e.addr_len();
+        let span = (off, off + record_bytes(len) as u64);
+        let u = off / unit_bytes;
+        if u == unit {
+            own = (own.0.min(span.0), own.1.max(span.1));
+        } else if u + 1 == unit || u == unit + 1 {
+            let side = &mut sides[(u > unit) as usize];
+            *side = (side.0.min(span.0), side.1.max(span.1), side.2 + 1, p.payload());
+        }
+    }
+    let side = if sides[1].2 >= sides[0].2 { sides[1] } else { sides[0] };
+    if side.2 == 0 {
+        return (own, None);
+    }
+    let slot = side.3;
+    match s.swap.try_lock(slot) {
+        Some(e) if e.tag() == Tag::File && e.addr_len().0 / unit_bytes != unit => {
+            let u = e.addr_len().0 / unit_bytes;
+            if u + 1 == unit || u == unit + 1 {
+                ((own.0.min(side.0), own.1.max(side.1)), Some((slot, e)))
+            } else {
+                s.swap.unlock(slot, e, e);
+                (own, None)
+            }
+        }
+        Some(e) => {
+            s.swap.unlock(slot, e, e);
+            (own, None)
+        }
+        None => (own, None),
+    }
+}
+
+/// The mutex's guard if it is free (a poisoned one too: a copy is checked on every use).
+fn try_lock<T>(m: &std::sync::Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
 }
 
 /// Bounded sampling for windows beyond 64 KiB (up to 2 MiB): 16 ptes spread over the range
@@ -1054,7 +1167,8 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
 }
 
 /// Reads the bytes of locked entry `e` (slot `slot`) into `page`. `Ok(false)` means a zero
-/// page (nothing written to `page`). File records go through the fault thread's unit cache.
+/// page (nothing written to `page`). File records go through `unit`, the copy of file
+/// bytes read last.
 pub(crate) fn read_entry(
     s: &Shared,
     slot: u64,
@@ -1101,7 +1215,7 @@ pub(crate) fn read_entry(
         Tag::File => {
             let file = s.file.as_ref().ok_or_else(|| ReadFail::Corrupt("file entry without a file tier".into()))?;
             let (off, len) = e.addr_len();
-            let hit = file.read_cached(off, len, slot, unit, compressed).map_err(|err| match err {
+            let served = file.read_cached(off, len, slot, unit, compressed).map_err(|err| match err {
                 crate::backend::file::FileError::Corrupt { .. } => {
                     s.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
                     ReadFail::Corrupt(err.to_string())
@@ -1111,11 +1225,11 @@ pub(crate) fn read_entry(
                     ReadFail::Io(err.to_string())
                 }
             })?;
-            if hit {
-                s.counters.file_unit_hits.fetch_add(1, Ordering::Relaxed);
-            } else {
-                s.counters.file_unit_reads.fetch_add(1, Ordering::Relaxed);
-            }
+            match served {
+                Served::Cached => s.counters.file_unit_hits.fetch_add(1, Ordering::Relaxed),
+                Served::Read => s.counters.file_unit_reads.fetch_add(1, Ordering::Relaxed),
+                Served::Filled => 0,
+            };
             if len == PAGE_SIZE {
                 page.copy_from_slice(&compressed[..PAGE_SIZE]);
             } else {

@@ -325,6 +325,9 @@ pub(crate) struct Shared {
     /// in progress at once (a thread finding all taken yields and tries again). Empty in
     /// thread mode.
     pub(crate) signal_scratch: Vec<Mutex<crate::fault::Scratch>>,
+    /// Thread mode with a file tier: the fault threads' shared copy of file bytes read
+    /// (a fault thread finding it taken uses its own).
+    pub(crate) unit_cache: Option<Mutex<crate::backend::file::UnitCache>>,
     /// Fork messages read while a fork held the gate whose snapshot is not taken yet:
     /// faults served in the faulting threads wait (forkgate.rs).
     pub(crate) fork_hold: AtomicU32,
@@ -364,15 +367,20 @@ impl Shared {
         pages.max(0) as u64 * PAGE_SIZE as u64 + self.pool.total_bytes() + self.fixed_bytes()
     }
 
-    /// File write buffers and metadata: the footprint's part no eviction or writeback moves.
+    /// File buffers and metadata: the footprint's part no eviction or writeback moves.
+    /// The buffers: reclaim's and writeback's write units, and the read copies of the
+    /// fault threads (theirs and their shared one) and of the signal-mode fault buffers
+    /// (counted whole, though a copy often holds a unit or less).
     fn fixed_bytes(&self) -> u64 {
+        let unit = self.config.file_unit_bytes;
+        let copies = self.fault_threads + self.signal_scratch.len() + self.unit_cache.is_some() as usize;
         let file_buf =
-            if self.file.is_some() { (2 + self.fault_threads) as u64 * self.config.file_unit_bytes as u64 } else { 0 };
-        file_buf + self.metadata_bytes.load(Ordering::Relaxed)
+            if self.file.is_some() { 2 * unit + copies * crate::backend::file::UnitCache::bytes(unit) } else { 0 };
+        file_buf as u64 + self.metadata_bytes.load(Ordering::Relaxed)
     }
 
-    /// The part of the footprint evicting pages cannot shrink: the pool, reclaim's write
-    /// unit and each fault thread's unit cache, metadata.
+    /// The part of the footprint evicting pages cannot shrink: the pool, the file buffers
+    /// and metadata.
     pub(crate) fn footprint_floor(&self) -> u64 {
         // Pool bytes over its limit are a floor only when nothing below can take them: with
         // a writeback target they are on their way out, and faults should wait for that (a
@@ -736,6 +744,13 @@ impl Pager {
                 signal_scratch.push(Mutex::new(b));
             }
         }
+        let unit_cache = if !signal && file.is_some() {
+            let c = crate::backend::file::UnitCache::new(config.file_unit_bytes)
+                .map_err(io_err("cannot map the fault threads' file read buffer"))?;
+            Some(Mutex::new(c))
+        } else {
+            None
+        };
         let swap =
             SwapSpace::new(DEFAULT_MAX_SLOTS, 1).map_err(io_err("cannot reserve address space for the swap table"))?;
         // SAFETY: eventfd creates a new fd we own at once.
@@ -777,6 +792,7 @@ impl Pager {
             file_gate: RwLock::new(()),
             keepalive: AtomicBool::new(false),
             signal_scratch,
+            unit_cache,
             fork_hold: AtomicU32::new(0),
             forker_waiting: AtomicBool::new(false),
             started: (Mutex::new(0), Condvar::new()),

@@ -102,15 +102,17 @@ counters! {
     checksum_errors,
     /// Failed file writes (data kept in the pool).
     writeback_errors,
-    /// Failed file reads (the faulting thread gets SIGBUS).
+    /// Failed file reads, one per failed IO (the records are read again one by one; a
+    /// faulting page whose record still cannot be read gets SIGBUS).
     read_errors,
     /// Units (one write each) written to the file tier.
     file_writes,
     /// Payload bytes (pages as stored: compressed, or raw if incompressible) written to the file.
     file_write_bytes,
-    /// Whole units read from the file tier by faults (one IO each).
+    /// Reads of the file tier by faults, one IO each: whole units, the records of one
+    /// 64 KiB block, or one record's pages (see `UnitCache`).
     file_unit_reads,
-    /// File records served from a unit a fault thread had already read.
+    /// File records a fault found in bytes an earlier fault had read.
     file_unit_hits,
     /// Bytes written to the file (whole IOs: records, headers, alignment); divided by
     /// `file_writes` it is the average write size.
