@@ -320,13 +320,12 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
         wait_for_room(s);
     }
     let old = r.ptes.lock(idx);
-    let new = match old.state() {
+    match old.state() {
         PteState::None if !s.maps(&r, page_addr) => {
             // The region lost this page to an UNMAP / REMAP handled since our lookup, and
             // the address may belong to a new mapping by now: fault again and find it.
             r.ptes.unlock(idx, old, old);
             s.wake(page_addr, PAGE_SIZE);
-            return;
         }
         PteState::None => {
             if !install_zero(s, page_addr, write, true) {
@@ -336,7 +335,10 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             }
             s.present_pages.fetch_add(1, Ordering::Relaxed);
             s.counters.faults_first_touch.fetch_add(1, Ordering::Relaxed);
-            Pte::present()
+            let around = first_touch_around(s, &r, idx, write);
+            r.ptes.unlock(idx, old, Pte::present());
+            finish_fault(s, t0);
+            s.wake(page_addr, (1 + around) * PAGE_SIZE);
         }
         PteState::Present if old.is_poisoned() => {
             // A message queued before the page was poisoned (a range wake let its thread
@@ -345,14 +347,12 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             arm_poison(s, page_addr);
             s.wake(page_addr, PAGE_SIZE);
             r.ptes.unlock(idx, old, old);
-            return;
         }
         PteState::Present => {
             // Already served (a second message for the page), or the program discarded it:
             // either way a zero page is right, and EEXIST tells us it was the former.
             install_zero(s, page_addr, write, false);
             r.ptes.unlock(idx, old, old);
-            return;
         }
         PteState::Staged => {
             r.ptes.unlock(idx, old, old);
@@ -362,7 +362,6 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             if let Some((from, to)) = woken {
                 s.wake(r.page_addr(from), (to - from) * PAGE_SIZE);
             }
-            return;
         }
         PteState::Swapped => {
             let (tag, first, n) = swap_in(s, &r, idx, old, write, scratch);
@@ -380,12 +379,8 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
                     read_ahead(s, &r, idx + 1, (idx + window as usize).min(r.n_pages), scratch);
                 }
             }
-            return;
         }
-    };
-    r.ptes.unlock(idx, old, new);
-    finish_fault(s, t0);
-    s.wake(page_addr, PAGE_SIZE);
+    }
 }
 
 /// One page of a swap-in range, from probe to install.
@@ -966,6 +961,63 @@ fn install_zero(s: &Shared, addr: usize, write: bool, dontwake: bool) -> bool {
         s.uffd.zeropage(addr, PAGE_SIZE, dontwake)
     };
     settle_install(s, addr, res)
+}
+
+/// First-touch fault-around: when a first-touch fault at `idx` continues the region's
+/// last one (a program filling memory in order), the untouched pages after it, up to 64 KiB,
+/// are mapped in the same call: zeroed pages of their own for a write (the writes that
+/// follow take no fault), the zero page for a read. Returns how many; `idx` itself is
+/// installed and locked by the caller.
+fn first_touch_around(s: &Shared, r: &RegionInner, idx: usize, write: bool) -> usize {
+    let in_order = r.first_touch_next.load(Ordering::Relaxed) == idx;
+    if !in_order || !s.config.fault_around {
+        r.first_touch_next.store(idx + 1, Ordering::Relaxed);
+        return 0;
+    }
+    let to = (idx + BLOCK_PAGES).min(r.n_pages);
+    let mut olds = [Pte::NONE; BLOCK_PAGES];
+    let mut end = idx + 1;
+    while end < to {
+        let Some(p) = r.ptes.try_lock_in(end, PteState::None) else { break };
+        olds[end - idx - 1] = p;
+        end += 1;
+    }
+    let n = end - idx - 1;
+    if n == 0 || !s.maps(r, r.page_addr(end - 1)) {
+        unlock_unchanged_from(r, &olds, idx + 1, idx + 1, end);
+        r.first_touch_next.store(idx + 1, Ordering::Relaxed);
+        return 0;
+    }
+    static ZEROS: [u8; BLOCK_PAGES * PAGE_SIZE] = [0; BLOCK_PAGES * PAGE_SIZE];
+    let (addr, len) = (r.page_addr(idx + 1), n * PAGE_SIZE);
+    let res = if write { s.uffd.copy(addr, &ZEROS[..len], true, false) } else { s.uffd.zeropage(addr, len, true) };
+    // A partial install (the range going away, a page the kernel has already) leaves the
+    // rest untouched: they fault on their own.
+    let done = match res {
+        Ok(bytes) => bytes / PAGE_SIZE,
+        Err(
+            uffd::Error::PageExist { done_bytes, .. }
+            | uffd::Error::Again { done_bytes, .. }
+            | uffd::Error::NoPage { done_bytes, .. },
+        ) => done_bytes / PAGE_SIZE,
+        Err(_) => 0,
+    }
+    .min(n);
+    for k in idx + 1..idx + 1 + done {
+        r.ptes.unlock(k, olds[k - idx - 1], Pte::present());
+    }
+    unlock_unchanged_from(r, &olds, idx + 1, idx + 1 + done, end);
+    s.present_pages.fetch_add(done as i64, Ordering::Relaxed);
+    s.counters.fault_around_pages.fetch_add(done as u64, Ordering::Relaxed);
+    r.first_touch_next.store(idx + 1 + done, Ordering::Relaxed);
+    done
+}
+
+/// Unlocks pages `[from, to)` unchanged, locked as `olds[k - base]`.
+fn unlock_unchanged_from(r: &RegionInner, olds: &[Pte], base: usize, from: usize, to: usize) {
+    for k in from..to {
+        r.ptes.unlock(k, olds[k - base], olds[k - base]);
+    }
 }
 
 /// A fault on registered memory the map does not know. Once any event being handled is

@@ -112,6 +112,9 @@ pub(crate) struct RegionInner {
     pub(crate) ra: Readahead,
     /// Recent swap-in streams: the evidence for large swap-in.
     pub(crate) locality: Locality,
+    /// Where a first-touch fault would continue the last one's run (first-touch
+    /// fault-around; `usize::MAX`: none yet).
+    pub(crate) first_touch_next: AtomicUsize,
     /// Registered for write-protect faults: pages may come back clean, keeping their slot.
     pub(crate) clean_tracking: bool,
     /// Owned by the program (munmap tears it down), not by a [`Region`] handle.
@@ -582,6 +585,7 @@ impl Shared {
             reclaim_lock: Mutex::new(()),
             ra: Readahead::default(),
             locality: Locality::default(),
+            first_touch_next: AtomicUsize::new(usize::MAX),
             clean_tracking: mode.wp,
             detached,
             extents: AtomicUsize::new(0),

@@ -80,7 +80,8 @@ counters! {
     swpin_large_mixed,
     /// Faults where admission vetoed a large swap-in for lack of locality.
     swpin_large_veto,
-    /// Staged neighbours mapped by a fault in the same call (fault-around).
+    /// Neighbours mapped by a fault in the same call (fault-around): staged pages moved
+    /// back, or untouched pages after a first touch that continues the last one's run.
     fault_around_pages,
     /// Pages evicted again while still clean: their slot was kept, no compression, no IO.
     swpout_clean,

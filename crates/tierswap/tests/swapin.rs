@@ -170,6 +170,58 @@ fn mixed_ranges_are_served_across_backends() {
 }
 
 #[test]
+fn first_touch_in_order_maps_the_next_pages_in_the_same_fault() {
+    for (mode, on) in
+        [(tierswap::FaultMode::Thread, true), (tierswap::FaultMode::Signal, true), (tierswap::FaultMode::Thread, false)]
+    {
+        let n = 1024;
+        let p = pager("zero,pool", |c| {
+            c.fault_around = on;
+            c.fault_mode = mode;
+        });
+        // Written in order: the first fault is alone, then each takes the next 15 pages.
+        let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+        let mem = r.as_mut_slice();
+        for pg in 0..n {
+            fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 7);
+        }
+        let c = p.stats().counters;
+        let want_faults = if on { 1 + (n - 1).div_ceil(16) } else { n };
+        assert_eq!(c.faults_first_touch, want_faults as u64, "{mode:?} on {on}: {c:?}");
+        assert_eq!(c.faults_first_touch + c.fault_around_pages, n as u64, "every page mapped once: {c:?}");
+        assert!((0..n).all(|pg| page_ok(r.as_slice(), pg, 7)), "{mode:?}: written bytes");
+        // Read in order first: the zero page, then written over (the kernel's copy on
+        // write; no fault of ours).
+        let before = p.stats().counters;
+        let mut z = p.region(n * PAGE, Hint::Normal).unwrap();
+        assert!(z.as_slice().iter().all(|&b| b == 0), "untouched memory reads as zeros");
+        let c = p.stats().counters;
+        assert_eq!(c.faults_first_touch - before.faults_first_touch, want_faults as u64, "{c:?}");
+        let mem = z.as_mut_slice();
+        for pg in 0..n {
+            fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 9);
+        }
+        assert_eq!(p.stats().counters.faults, c.faults, "writes over zero pages take no fault of ours");
+        assert!((0..n).all(|pg| page_ok(z.as_slice(), pg, 9)), "{mode:?}: bytes written over zero pages");
+        // One page per 64 KiB: no run, no fault-around.
+        let before = p.stats().counters;
+        let mut sparse = p.region(n * PAGE, Hint::Normal).unwrap();
+        let mem = sparse.as_mut_slice();
+        for pg in (0..n).step_by(16) {
+            fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 11);
+        }
+        let c = p.stats().counters;
+        assert_eq!(c.faults_first_touch - before.faults_first_touch, (n / 16) as u64, "{c:?}");
+        assert_eq!(c.fault_around_pages, before.fault_around_pages, "{c:?}");
+        assert!((0..n).step_by(16).all(|pg| page_ok(sparse.as_slice(), pg, 11)));
+        // Evicted and read back: every byte.
+        p.evict_all();
+        assert!((0..n).all(|pg| page_ok(r.as_slice(), pg, 7)), "{mode:?}: after eviction");
+        assert!((0..n).all(|pg| page_ok(z.as_slice(), pg, 9)), "{mode:?}: after eviction");
+    }
+}
+
+#[test]
 fn fault_around_maps_staged_neighbours_and_can_be_switched_off() {
     for on in [true, false] {
         let n = 1024;
