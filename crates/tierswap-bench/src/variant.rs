@@ -4,7 +4,8 @@
 //!
 //! Syntax: `ENGINE[:SETTING[:SETTING…]]`, with SETTING one of `policy=locality|order0|always`,
 //! `swapin-max=SIZE` (4K to 2M, a power of two), and the switches `fault-around`,
-//! `workingset`, `keep-clean`, `encrypt`, each also as `no-…`, `spin=US` and
+//! `workingset`, `keep-clean`, `encrypt`, each also as `no-…`, `spin=US`, `nice=N` (the
+//! reclaim and writeback threads' nice value, 0 to 19) and
 //! `fault=thread|signal`, `compressor=lz4|zstd|zstd-LEVEL`, `recompress=none|zstd|zstd-LEVEL`,
 //! `budget=SIZE` (this engine's own
 //! budget instead of `--budget`), `pool-max=SIZE` and `tiers=zero+pool+file` (local tiers,
@@ -20,7 +21,7 @@ use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, recompress=none|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, recompress=none|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
@@ -41,6 +42,8 @@ pub enum Override {
     KeepClean(bool),
     /// `spin=US`: the fault threads' adaptive spin.
     SpinUs(u32),
+    /// `nice=N`: the reclaim and writeback threads' nice value.
+    Nice(i32),
     /// `encrypt` / `no-encrypt`.
     Encrypt(bool),
     /// `tiers=zero+pool+file`: these local tiers and no remote tier.
@@ -68,6 +71,7 @@ impl Override {
             Override::KeepClean(on) => config.keep_clean = on,
             Override::Encrypt(on) => config.encrypt = on,
             Override::SpinUs(us) => config.fault_spin_us = us,
+            Override::Nice(n) => config.background_nice = n,
             Override::LocalTiers(t) => {
                 config.tiers = t;
                 config.remote = None;
@@ -118,6 +122,18 @@ impl Override {
                 .ok_or_else(|| {
                     format!(
                         "spin '{}' is not a number of microseconds from 0 to 100000, e.g. spin=50",
+                        value.unwrap_or("")
+                    )
+                }),
+            "nice" => value
+                .ok_or_else(|| needs("10"))?
+                .parse::<i32>()
+                .ok()
+                .filter(|n| (0..=19).contains(n))
+                .map(Override::Nice)
+                .ok_or_else(|| {
+                    format!(
+                        "nice '{}' is not a nice value from 0 to 19 for the reclaim and writeback threads, e.g. nice=10",
                         value.unwrap_or("")
                     )
                 }),
@@ -298,6 +314,7 @@ mod tests {
         assert_eq!((c.budget_bytes, c.pool_max_bytes), (563 << 20, Some(307 << 20)));
         let base = PagerConfig { fault_mode: FaultMode::Signal, ..Default::default() };
         assert_eq!(parse("tierswap:fault=thread").unwrap().pager(&base).fault_mode, FaultMode::Thread);
+        assert_eq!(parse("tierswap:nice=10").unwrap().pager(&base).background_nice, 10);
     }
 
     #[test]
@@ -340,6 +357,8 @@ mod tests {
             Some(Compressor::Zstd { level: 3 })
         );
         assert!(err("tierswap:budget=12").contains("budget '12' is not a size of 1M or more"));
+        assert!(err("tierswap:nice=-5").contains("nice '-5' is not a nice value from 0 to 19"));
+        assert!(err("tierswap:nice").contains("needs a value, e.g. nice=10"));
         assert!(err("tierswap:fault").contains("needs a value, e.g. fault=signal"));
         assert!(err("kernel-zswap:policy=order0").contains("tierswap only"));
         assert!(err("zfs:policy=order0").contains("unknown engine 'zfs'"));

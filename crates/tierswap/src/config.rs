@@ -12,6 +12,9 @@ pub const MIN_BUDGET_BYTES: u64 = 4 << 20;
 pub const DEFAULT_SWAPIN_MAX_PAGES: u32 = 16;
 /// Default adaptive spin of the fault threads, µs (see `PagerConfig::fault_spin_us`).
 pub const DEFAULT_FAULT_SPIN_US: u32 = 0;
+/// Default nice value of the reclaim and writeback threads (see
+/// `PagerConfig::background_nice`).
+pub const DEFAULT_BACKGROUND_NICE: i32 = 0;
 /// Largest swap-in a user may ask for: 2 MiB.
 pub const MAX_SWAPIN_PAGES: u32 = 512;
 
@@ -242,6 +245,10 @@ pub struct PagerConfig {
     /// before it sleeps (faults come in bursts; waking a sleeping thread on another CPU costs
     /// tens of µs on VMs, DESIGN §9). 0 sleeps at once.
     pub fault_spin_us: u32,
+    /// Nice value (0 to 19) of the reclaim and writeback threads. Above the fault threads'
+    /// 0, the scheduler runs a woken fault thread before them on a busy CPU; 0 treats them
+    /// alike.
+    pub background_nice: i32,
     /// The remote tier below the pool (pool writeback goes there first), if any.
     pub remote: Option<RemoteConfig>,
     /// Who serves a fault: a fault thread woken by the userfaultfd, or the faulting thread
@@ -326,6 +333,7 @@ impl Default for PagerConfig {
             keep_clean: true,
             encrypt: true,
             fault_spin_us: DEFAULT_FAULT_SPIN_US,
+            background_nice: DEFAULT_BACKGROUND_NICE,
             remote: None,
             fault_mode: FaultMode::default(),
         }
@@ -377,6 +385,9 @@ impl PagerConfig {
         if !m.is_power_of_two() || m > MAX_SWAPIN_PAGES {
             return Err(ConfigError::SwapinMax(m as u64 * crate::page::PAGE_SIZE as u64));
         }
+        if !(0..=19).contains(&self.background_nice) {
+            return Err(ConfigError::BackgroundNice(self.background_nice));
+        }
         Ok(())
     }
 }
@@ -399,6 +410,9 @@ pub enum ConfigError {
     /// Neither pool nor file: nowhere to put a page.
     #[error("tiers '{0}' have nowhere to store a page: include pool or file")]
     NoStorageTier(String),
+    /// A nice value for the background threads outside 0 to 19.
+    #[error("background nice {0}: give 0 (as the fault threads) to 19 (the reclaim and writeback threads run last)")]
+    BackgroundNice(i32),
     /// A file unit size that is not a power of two between 64 KiB and 4 MiB.
     #[error("file unit of {0} bytes: give a power of two from 64K to 4M")]
     FileUnit(usize),

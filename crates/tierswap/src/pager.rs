@@ -341,6 +341,17 @@ pub(crate) struct Shared {
     pub(crate) started: (Mutex<usize>, Condvar),
 }
 
+/// Gives the calling background thread (`what`: reclaim, writeback) the configured nice
+/// value; a refusal is said once and costs only the priority.
+pub(crate) fn lower_priority(s: &Shared, what: &str) {
+    let nice = s.config.background_nice;
+    if nice != 0 {
+        if let Err(e) = sys::set_thread_nice(nice) {
+            eprintln!("tierswap: the {what} thread keeps its priority (nice {nice} refused: {e})");
+        }
+    }
+}
+
 impl Shared {
     /// Wakes the threads waiting for a fault in `[addr, addr + len)` to be served. In
     /// signal mode nobody waits (a faulting thread serves itself), so it costs nothing.

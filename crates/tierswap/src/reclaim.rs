@@ -65,6 +65,7 @@ pub(crate) fn inactive_target(cur: i64, activated: u64, stolen: u64, min: i64, m
 
 /// The reclaim thread's loop.
 pub(crate) fn reclaim_thread(s: Arc<Shared>) {
+    crate::pager::lower_priority(&s, "reclaim");
     let mut r = match Reclaim::new(s) {
         Ok(r) => r,
         Err(e) => fatal(&format!("reclaim cannot map its write buffer: {e}")),

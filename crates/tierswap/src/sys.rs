@@ -59,6 +59,17 @@ pub unsafe fn madvise(addr: usize, len_bytes: usize, advice: i32) -> io::Result<
     Ok(())
 }
 
+/// Sets the calling thread's nice value (Linux: per thread).
+pub fn set_thread_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    // SAFETY: setpriority on our own thread id, no pointers.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The number of CPUs this process may run on.
 pub fn online_cpus() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)

@@ -92,6 +92,7 @@ const IDLE_STEPS_FAILING: u32 = 3;
 
 /// The writeback thread's loop.
 pub(crate) fn writeback_thread(s: Arc<Shared>) {
+    crate::pager::lower_priority(&s, "writeback");
     let mut w = match Writeback::new(s) {
         Ok(w) => w,
         Err(e) => fatal(&format!("writeback cannot map its write buffer: {e}")),

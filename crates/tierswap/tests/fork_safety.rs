@@ -246,7 +246,9 @@ extern "C" fn handler_prepare() {
 }
 
 extern "C" fn handler_parent() {
-    handler_read(1);
+    // The next 64 KiB block: a large swap-in for the prepare handler's read (a stream the
+    // round before may have left pointing there) never brings this page in.
+    handler_read(16);
 }
 
 /// A program's fork handlers registered before the pager (as an allocator's are) run while

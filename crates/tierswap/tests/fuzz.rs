@@ -563,6 +563,7 @@ mod parsers {
         file_unit_bytes: usize,
         swapin_max_pages: u32,
         pool_max_bytes: Option<u64>,
+        background_nice: i32,
     }
 
     fn config_case() -> impl Strategy<Value = ConfigCase> {
@@ -572,10 +573,20 @@ mod parsers {
             edgy_u64().prop_map(|u| u as usize),
             prop_oneof![edgy_u64().prop_map(|m| m as u32), 0u32..=1025],
             prop::option::of(edgy_u64()),
+            prop_oneof![3 => Just(0i32), 1 => -25i32..=25, 1 => any::<i32>()],
         )
-            .prop_map(|(budget_bytes, tier_bits, file_unit_bytes, swapin_max_pages, pool_max_bytes)| {
-                ConfigCase { budget_bytes, tier_bits, file_unit_bytes, swapin_max_pages, pool_max_bytes }
-            })
+            .prop_map(
+                |(budget_bytes, tier_bits, file_unit_bytes, swapin_max_pages, pool_max_bytes, background_nice)| {
+                    ConfigCase {
+                        budget_bytes,
+                        tier_bits,
+                        file_unit_bytes,
+                        swapin_max_pages,
+                        pool_max_bytes,
+                        background_nice,
+                    }
+                },
+            )
     }
 
     fn check_config(case: ConfigCase) -> TestCaseResult {
@@ -587,6 +598,7 @@ mod parsers {
             file_unit_bytes: case.file_unit_bytes,
             swapin_max_pages: case.swapin_max_pages,
             pool_max_bytes: case.pool_max_bytes,
+            background_nice: case.background_nice,
             ..PagerConfig::default()
         };
         // The documented limits, one by one.
@@ -596,8 +608,9 @@ mod parsers {
         let unit_ok = u.is_power_of_two() && (64 << 10..=4 << 20).contains(&u);
         let m = case.swapin_max_pages;
         let swapin_ok = m.is_power_of_two() && m <= 512;
+        let nice_ok = (0..=19).contains(&case.background_nice);
         match c.validate() {
-            Ok(()) => prop_assert!(budget_ok && tiers_ok && unit_ok && swapin_ok, "accepted {c:?}"),
+            Ok(()) => prop_assert!(budget_ok && tiers_ok && unit_ok && swapin_ok && nice_ok, "accepted {c:?}"),
             Err(e) => {
                 prop_assert!(!e.to_string().is_empty());
                 match e {
@@ -607,6 +620,7 @@ mod parsers {
                     ConfigError::NoStorageTier(_) => prop_assert!(!tiers_ok),
                     ConfigError::FileUnit(got) => prop_assert!(!unit_ok && got == u),
                     ConfigError::SwapinMax(bytes) => prop_assert!(!swapin_ok && bytes == m as u64 * 4096),
+                    ConfigError::BackgroundNice(n) => prop_assert!(!nice_ok && n == case.background_nice),
                     other => prop_assert!(false, "validate gave {other:?}"),
                 }
             }
