@@ -390,13 +390,14 @@ fn stage_header(rec: &mut [u8], slot: u64, len: usize) {
 /// - whole units (the default, and always when [`UnitCache::whole`] is set): pays when a
 ///   later request, outside the block the copy was read for, is served from it (in-order
 ///   access: the next block's records follow in the same unit);
-/// - the block's records (`around`): pays when a later request of the same block is served
+/// - the block's records: pays when a later request of the same block is served
 ///   from it (a lone fault, then the rest of its block as one large swap-in);
 /// - the record alone (4–8 KiB: ~70 µs against ~140 µs for 64 KiB on this machine's disk):
 ///   scattered faults.
 ///
-/// Whole reads come back after two smaller reads in one unit; block reads come back when a
-/// read is for records among or beside those the previous read was for.
+/// Whole reads stop after two whole copies in a row served no other block, and come back
+/// when a smaller copy serves another block or two smaller reads fall in one unit; block
+/// reads come back when a read needs records among or beside those the last read was for.
 pub struct UnitCache {
     /// A unit and a block's worth more ([`UnitCache::bytes`]): a request's records may
     /// straddle a unit boundary.
@@ -421,6 +422,8 @@ pub struct UnitCache {
     /// Read whole units on a miss whatever was learnt (a readahead follows and wants them).
     pub whole: bool,
     whole_pays: bool,
+    /// Whole copies in a row that served no other block.
+    whole_idle: u8,
     block_pays: bool,
 }
 
@@ -442,6 +445,7 @@ impl UnitCache {
             served_block: false,
             whole: false,
             whole_pays: true,
+            whole_idle: 0,
             block_pays: true,
         })
     }
@@ -818,17 +822,22 @@ impl FileTier {
         // A miss: learn from the copy it replaces.
         if cache.end > cache.start {
             if cache.read_whole {
-                cache.whole_pays = cache.served_beyond;
-            } else if cache.first_unit == need.0 / ub || cache.first_unit == (need.1 - 1) / ub {
-                // Two smaller reads in one unit: the whole unit would have served both.
-                cache.whole_pays = true;
+                // Two whole copies in a row that served no other block: stop (one alone
+                // may be a stream's gap, such as a page that was in the pool).
+                cache.whole_idle = if cache.served_beyond { 0 } else { cache.whole_idle.saturating_add(1) };
+                cache.whole_pays = cache.whole_idle < 2;
+            } else if cache.served_beyond || cache.first_unit == need.0 / ub || cache.first_unit == (need.1 - 1) / ub {
+                // A smaller copy served another block, or two smaller reads fell in one
+                // unit: the whole unit would have served both.
+                (cache.whole_pays, cache.whole_idle) = (true, 0);
             }
             if cache.read_block {
                 cache.block_pays = cache.served_block || cache.served_beyond;
-            } else if cache.fresh.0 <= block.1 && block.0 <= cache.fresh.1 {
-                // The last read was for records among or beside this block's (a lone
-                // fault, then the rest of its block): reading them then would have saved
-                // this read.
+            } else if cache.fresh.0 <= need.1 && need.0 <= cache.fresh.1 {
+                // The last read was for records among or beside the ones needed now (a
+                // lone fault, then the rest of its block): reading the block then would
+                // have saved this read. (Not the block: a lone fault in the next block
+                // of a stride is no such evidence.)
                 cache.block_pays = true;
             }
         }
@@ -1335,10 +1344,11 @@ mod tests {
             let ub = t.unit_bytes() as u64;
             let mut cache = UnitCache::new(t.unit_bytes()).unwrap();
             let read = |cache: &mut UnitCache, u, i| read_one(&t, &recs, cache, u, i);
-            // Scattered: one record per unit. The first reads its whole unit, which serves
-            // nothing else; from then on only the record's pages are read.
+            // Scattered: one record per unit. Two whole copies that serve nothing else,
+            // then only the record's pages.
             assert_eq!(read(&mut cache, 0, 5), (Served::Read, ub));
-            for u in 1..4 {
+            assert_eq!(read(&mut cache, 1, 7), (Served::Read, ub));
+            for u in 2..4 {
                 let (served, span) = read(&mut cache, u, 7);
                 assert!(
                     served == Served::Read && span <= 2 * PAGE_SIZE as u64,
@@ -1376,7 +1386,8 @@ mod tests {
             let rec = |u: usize, i: usize| (recs[u][i], recs[u][i] + record_bytes(3000) as u64);
             let mut cache = UnitCache::new(t.unit_bytes()).unwrap();
             let read = |cache: &mut UnitCache, u, i| read_one(&t, &recs, cache, u, i);
-            // Teach the cache that whole units do not pay: one read, then one elsewhere.
+            // Teach the cache that whole units do not pay: two whole reads that serve
+            // nothing else.
             assert_eq!(read(&mut cache, 0, 0), (Served::Read, ub));
             assert_eq!(read(&mut cache, 5, 0).0, Served::Read);
             // A lone fault on a record of a block reads the whole block's bytes in one
@@ -1403,6 +1414,14 @@ mod tests {
             assert_eq!(t.fill(&mut cache, rec(3, 5), (rec(3, 0).0, rec(3, 19).1)).unwrap(), 1);
             assert!(cache.span() <= 2 * PAGE_SIZE as u64, "{}", cache.span());
             assert_eq!(read(&mut cache, 3, 5).0, Served::Filled);
+            // Block reads come back when a read needs the records beside the last one's:
+            // a lone fault reads its record alone, then the rest of its block is needed.
+            assert_eq!(t.fill(&mut cache, rec(4, 10), (rec(4, 10).0, rec(4, 15).1)).unwrap(), 1);
+            assert!(cache.span() <= 2 * PAGE_SIZE as u64, "{}", cache.span());
+            assert!(!cache.block_pays);
+            let rest = (rec(4, 11).0, rec(4, 15).1);
+            assert_eq!(t.fill(&mut cache, rest, rest).unwrap(), 1);
+            assert!(cache.block_pays, "the rest of the block lay beside the lone read");
             // A unit rewritten after its copy was read is never served from the copy: read
             // units 1 and 2 whole, then free unit 2 and write it again in place.
             cache.whole = true;
