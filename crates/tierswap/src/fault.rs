@@ -860,7 +860,13 @@ fn handle_wp_fault(s: &Shared, addr: usize) {
 /// their first touch finds them in memory. Pages in other tiers, shared by fork, or busy
 /// are left alone: readahead is a guess and never waits.
 fn read_ahead(s: &Shared, r: &RegionInner, from: usize, to: usize, scratch: &mut Scratch) {
-    scratch.unit.whole = true;
+    // The copy the fault just read into, if free (see swap_in).
+    let mut shared_unit = if scratch.in_thread { None } else { s.unit_cache.as_ref().and_then(try_lock) };
+    let unit = match shared_unit.as_deref_mut() {
+        Some(c) => c,
+        None => &mut scratch.unit,
+    };
+    unit.whole = true;
     let mut read = 0u64;
     let mut last_block = usize::MAX;
     for j in from..to {
@@ -875,15 +881,7 @@ fn read_ahead(s: &Shared, r: &RegionInner, from: usize, to: usize, scratch: &mut
         let ok = e.tag() == Tag::File
             && e.count() == 1
             && matches!(
-                read_entry(
-                    s,
-                    slot,
-                    e,
-                    scratch.page.as_mut_slice(),
-                    &mut scratch.unit,
-                    &mut scratch.compressed,
-                    &scratch.remote
-                ),
+                read_entry(s, slot, e, scratch.page.as_mut_slice(), unit, &mut scratch.compressed, &scratch.remote),
                 Ok(true)
             )
             && s.mirror_uffd.copy(r.mirror_addr(j), &scratch.page.as_slice()[..PAGE_SIZE], true, false).is_ok();
