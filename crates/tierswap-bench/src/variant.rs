@@ -3,8 +3,11 @@
 //! lab, alternating run by run (DESIGN §9).
 //!
 //! Syntax: `ENGINE[:SETTING[:SETTING…]]`, with SETTING one of `policy=locality|order0|always`,
-//! `swapin-max=SIZE` (4K to 2M, a power of two), and the switches `fault-around`,
-//! `workingset`, `keep-clean`, `encrypt`, each also as `no-…`, `spin=US`, `nice=N` (the
+//! `swapin-max=SIZE` (4K to 2M, a power of two), `readahead=SIZE` (the disk readahead
+//! window's cap, likewise; 4K turns readahead off), and the switches `fault-around`,
+//! `workingset`, `keep-clean`, `encrypt`, `pin` (a fault thread pinned to each CPU), `idle-bg` (the
+//! reclaim and writeback threads under SCHED_IDLE), each
+//! also as `no-…`, `spin=US`, `nice=N` (the
 //! reclaim and writeback threads' nice value, 0 to 19) and
 //! `fault=thread|signal`, `compressor=lz4|zstd|zstd-LEVEL`, `recompress=none|zstd|zstd-LEVEL`,
 //! `budget=SIZE` (this engine's own
@@ -20,8 +23,8 @@ use tierswap::{Compressor, FaultMode, PagerConfig, SwapinPolicy};
 use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
-pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, recompress=none|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), readahead=SIZE (4K..2M, 4K: off), \
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, recompress=none|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
@@ -34,12 +37,18 @@ pub enum Override {
     Policy(SwapinPolicy),
     /// `swapin-max=SIZE`: largest swap-in, in pages.
     SwapinMaxPages(u32),
+    /// `readahead=SIZE`: cap of the disk readahead window, in pages (1: off).
+    ReadaheadMaxPages(u32),
     /// `fault-around` / `no-fault-around`.
     FaultAround(bool),
     /// `workingset` / `no-workingset`.
     Workingset(bool),
     /// `keep-clean` / `no-keep-clean`.
     KeepClean(bool),
+    /// `pin` / `no-pin`: one fault thread pinned to each CPU.
+    Pin(bool),
+    /// `idle-bg` / `no-idle-bg`: the reclaim and writeback threads under SCHED_IDLE.
+    IdleBackground(bool),
     /// `spin=US`: the fault threads' adaptive spin.
     SpinUs(u32),
     /// `nice=N`: the reclaim and writeback threads' nice value.
@@ -66,10 +75,13 @@ impl Override {
         match self {
             Override::Policy(p) => config.swapin_policy = p,
             Override::SwapinMaxPages(n) => config.swapin_max_pages = n,
+            Override::ReadaheadMaxPages(n) => config.readahead_max_pages = n,
             Override::FaultAround(on) => config.fault_around = on,
             Override::Workingset(on) => config.workingset = on,
             Override::KeepClean(on) => config.keep_clean = on,
             Override::Encrypt(on) => config.encrypt = on,
+            Override::Pin(on) => config.fault_pin = on,
+            Override::IdleBackground(on) => config.background_idle = on,
             Override::SpinUs(us) => config.fault_spin_us = us,
             Override::Nice(n) => config.background_nice = n,
             Override::LocalTiers(t) => {
@@ -109,10 +121,21 @@ impl Override {
                 })?;
                 swapin_max_pages(bytes).map(Override::SwapinMaxPages).map_err(|e| format!("swapin-max={e}"))
             }
+            "readahead" => {
+                let v = value.ok_or_else(|| needs("4K"))?;
+                let bytes = tierswap::parse_size(v).map_err(|_| {
+                    format!("readahead '{v}' is not a size: give a power of two from 4K (off) to 2M, e.g. readahead=4K")
+                })?;
+                swapin_max_pages(bytes).map(Override::ReadaheadMaxPages).map_err(|e| format!("readahead={e}"))
+            }
             "fault-around" => switch(Override::FaultAround, true),
             "no-fault-around" => switch(Override::FaultAround, false),
             "workingset" => switch(Override::Workingset, true),
             "no-workingset" => switch(Override::Workingset, false),
+            "pin" => switch(Override::Pin, true),
+            "no-pin" => switch(Override::Pin, false),
+            "idle-bg" => switch(Override::IdleBackground, true),
+            "no-idle-bg" => switch(Override::IdleBackground, false),
             "spin" => value
                 .ok_or_else(|| needs("50"))?
                 .parse::<u32>()
@@ -315,6 +338,14 @@ mod tests {
         let base = PagerConfig { fault_mode: FaultMode::Signal, ..Default::default() };
         assert_eq!(parse("tierswap:fault=thread").unwrap().pager(&base).fault_mode, FaultMode::Thread);
         assert_eq!(parse("tierswap:nice=10").unwrap().pager(&base).background_nice, 10);
+        assert!(parse("tierswap:pin").unwrap().pager(&base).fault_pin);
+        assert!(!parse("tierswap:no-pin").unwrap().pager(&PagerConfig { fault_pin: true, ..base.clone() }).fault_pin);
+        assert!(parse("tierswap:pin=1").is_err());
+        assert!(parse("tierswap:pin:idle-bg").unwrap().pager(&base).background_idle);
+        assert_eq!(parse("tierswap:readahead=4K").unwrap().pager(&base).readahead_max_pages, 1);
+        assert_eq!(parse("tierswap:readahead=256K").unwrap().pager(&base).readahead_max_pages, 64);
+        assert!(parse("tierswap:readahead=12K").unwrap_err().contains("readahead="));
+        assert!(parse("tierswap:readahead").is_err());
     }
 
     #[test]

@@ -15,6 +15,8 @@ pub const DEFAULT_FAULT_SPIN_US: u32 = 0;
 /// Default nice value of the reclaim and writeback threads (see
 /// `PagerConfig::background_nice`).
 pub const DEFAULT_BACKGROUND_NICE: i32 = 0;
+/// Whether fault threads are pinned one per CPU by default (see `PagerConfig::fault_pin`).
+pub const DEFAULT_FAULT_PIN: bool = true;
 /// Largest swap-in a user may ask for: 2 MiB.
 pub const MAX_SWAPIN_PAGES: u32 = 512;
 
@@ -249,6 +251,15 @@ pub struct PagerConfig {
     /// 0, the scheduler runs a woken fault thread before them on a busy CPU; 0 treats them
     /// alike.
     pub background_nice: i32,
+    /// Run the reclaim and writeback threads under SCHED_IDLE: a fault thread woken on their
+    /// CPU preempts them at once instead of waiting out their time slice. They still run
+    /// whenever a CPU has nothing else, which includes every time the program waits for room.
+    pub background_idle: bool,
+    /// Pin fault thread `i` to the `i`-th CPU this process may run on. A fault wakes every
+    /// fault thread; the one pinned to the faulting CPU runs as soon as the faulting thread
+    /// sleeps, without waking a halted CPU (DESIGN §9), and its install wakes the faulting
+    /// thread on that same CPU. Takes effect with one fault thread per CPU (the default).
+    pub fault_pin: bool,
     /// The remote tier below the pool (pool writeback goes there first), if any.
     pub remote: Option<RemoteConfig>,
     /// Who serves a fault: a fault thread woken by the userfaultfd, or the faulting thread
@@ -334,6 +345,8 @@ impl Default for PagerConfig {
             encrypt: true,
             fault_spin_us: DEFAULT_FAULT_SPIN_US,
             background_nice: DEFAULT_BACKGROUND_NICE,
+            fault_pin: DEFAULT_FAULT_PIN,
+            background_idle: false,
             remote: None,
             fault_mode: FaultMode::default(),
         }

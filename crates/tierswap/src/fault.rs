@@ -78,7 +78,10 @@ impl std::fmt::Display for ReadFail {
 }
 
 /// The fault thread's loop.
-pub(crate) fn fault_thread(s: Arc<Shared>) {
+pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
+    if s.config.fault_pin {
+        pin_fault_thread(index);
+    }
     let mut scratch = match Scratch::new(s.config.file_unit_bytes, s.config.swapin_max_pages) {
         Ok(b) => b,
         Err(e) => fatal(&format!("a fault thread cannot map its buffers: {e}")),
@@ -130,6 +133,19 @@ pub(crate) fn fault_thread(s: Arc<Shared>) {
         for ev in events.drain(..) {
             serve_fault_event(&s, ev, &mut scratch);
         }
+    }
+}
+
+/// Pins fault thread `index` to the `index`-th CPU this process may run on (wrapping), so
+/// that a fault on any CPU wakes a fault thread on that CPU (`PagerConfig::fault_pin`). A
+/// failure costs only speed: the thread stays unpinned and says so once.
+fn pin_fault_thread(index: usize) {
+    let pinned = crate::sys::allowed_cpus().and_then(|cpus| match cpus.get(index % cpus.len().max(1)) {
+        Some(&cpu) => crate::sys::pin_thread(cpu),
+        None => Err(std::io::Error::from_raw_os_error(libc::ESRCH)),
+    });
+    if let Err(e) = pinned {
+        eprintln!("tierswap: fault thread {index} stays unpinned: cannot set its CPU affinity: {e}");
     }
 }
 
@@ -376,7 +392,13 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
                 if window <= 1 {
                     s.counters.swap_ra_off.fetch_add(1, Ordering::Relaxed);
                 } else {
-                    read_ahead(s, &r, idx + 1, (idx + window as usize).min(r.n_pages), scratch);
+                    let large = s.config.swapin_policy != crate::SwapinPolicy::Order0
+                        && s.config.swapin_max_pages > 1
+                        && r.hint != crate::config::Hint::Random;
+                    let (from, to) = readahead_range(idx, window as usize, r.n_pages, large);
+                    if from < to {
+                        read_ahead(s, &r, from, to, scratch);
+                    }
                 }
             }
         }
@@ -854,6 +876,18 @@ fn handle_wp_fault(s: &Shared, addr: usize) {
     }
     // Wakes the writer: it retries, and takes a missing-page fault if its page was staged.
     s.wake(page_addr, PAGE_SIZE);
+}
+
+/// The pages a readahead window of `window` pages (the faulting page `idx` included) reads,
+/// as `[from, to)`, in a region of `n_pages`. When large swap-in is possible (`large`), the
+/// rest of the faulting 64 KiB block is left alone: the block's next fault brings it in whole
+/// in one swap-in, and the file copy holds its records already (`swap_in`), where a
+/// read-ahead page costs a fault of its own on first touch. Readahead then only reaches past
+/// the block, for a stream that crosses blocks; an empty range reads nothing.
+fn readahead_range(idx: usize, window: usize, n_pages: usize, large: bool) -> (usize, usize) {
+    let to = idx.saturating_add(window).min(n_pages);
+    let from = if large { (idx / BLOCK_PAGES + 1) * BLOCK_PAGES } else { idx + 1 };
+    (from.min(to), to)
 }
 
 /// Reads the disk-backed pages among `[from, to)` into staging (marked read-ahead), where
@@ -1386,5 +1420,26 @@ fn unlock_unchanged(r: &RegionInner, from: usize, to: usize) {
     for k in from..to {
         let old = r.ptes.load(k);
         r.ptes.unlock(k, old, old);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readahead_leaves_the_faulting_block_to_large_swap_in() {
+        // Order-0 swap-ins: the window starts at the next page.
+        assert_eq!(readahead_range(5, 8, 1000, false), (6, 13));
+        // Large swap-in: nothing of block 0 (pages 0..16) is read ahead…
+        assert_eq!(readahead_range(5, 8, 1000, true), (13, 13));
+        // …only what the window reaches past it.
+        assert_eq!(readahead_range(5, 32, 1000, true), (16, 37));
+        assert_eq!(readahead_range(15, 2, 1000, true), (16, 17));
+        assert_eq!(readahead_range(16, 32, 1000, true), (32, 48));
+        // The region's end bounds both forms.
+        assert_eq!(readahead_range(995, 32, 1000, false), (996, 1000));
+        assert_eq!(readahead_range(990, 32, 1000, true), (992, 1000));
+        assert_eq!(readahead_range(997, 32, 1000, true), (1000, 1000));
     }
 }

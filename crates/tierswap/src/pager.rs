@@ -345,6 +345,11 @@ pub(crate) struct Shared {
 /// value; a refusal is said once and costs only the priority.
 pub(crate) fn lower_priority(s: &Shared, what: &str) {
     let nice = s.config.background_nice;
+    if s.config.background_idle {
+        if let Err(e) = sys::set_thread_sched_idle() {
+            eprintln!("tierswap: the {what} thread keeps its policy (SCHED_IDLE refused: {e})");
+        }
+    }
     if nice != 0 {
         if let Err(e) = sys::set_thread_nice(nice) {
             eprintln!("tierswap: the {what} thread keeps its priority (nice {nice} refused: {e})");
@@ -818,7 +823,7 @@ impl Pager {
             let s = shared.clone();
             let h = std::thread::Builder::new()
                 .name(format!("tierswap-fault{i}"))
-                .spawn(move || guarded("a fault thread", || crate::fault::fault_thread(s)))
+                .spawn(move || guarded("a fault thread", || crate::fault::fault_thread(s, i)))
                 .map_err(io_err("cannot start a fault thread"))?;
             handles.push(h);
         }

@@ -70,6 +70,46 @@ pub fn set_thread_nice(nice: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Moves the calling thread to SCHED_IDLE: it runs only when no ordinary thread wants the
+/// CPU, and an ordinary thread woken on its CPU preempts it at once.
+pub fn set_thread_sched_idle() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid sched_param; pid 0 is the calling thread.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The CPUs the calling thread may run on, in ascending order.
+pub fn allowed_cpus() -> io::Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain bits; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the calling thread.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: CPU_ISSET reads bit `cpu` of `set`, and every `cpu` is below the set's size.
+    Ok((0..max).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) }).collect())
+}
+
+/// Restricts the calling thread to one CPU.
+pub fn pin_thread(cpu: usize) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain bits; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: `cpu` is below the set's size (checked above).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the calling thread.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The number of CPUs this process may run on.
 pub fn online_cpus() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
@@ -92,6 +132,39 @@ mod tests {
         assert_eq!(s[4096], 0);
         // SAFETY: ours, the slice is not used again.
         unsafe { munmap(addr, len) }.expect("munmap");
+    }
+
+    #[test]
+    fn a_pinned_thread_runs_only_on_its_cpu() {
+        let cpus = allowed_cpus().expect("sched_getaffinity");
+        assert!(!cpus.is_empty() && cpus.len() == online_cpus(), "{cpus:?}");
+        let last = *cpus.last().unwrap();
+        let (on, after) = std::thread::spawn(move || {
+            pin_thread(last).expect("sched_setaffinity");
+            // SAFETY: sched_getcpu has no preconditions.
+            let on = unsafe { libc::sched_getcpu() };
+            (on, allowed_cpus().expect("sched_getaffinity"))
+        })
+        .join()
+        .unwrap();
+        assert_eq!((on as usize, after), (last, vec![last]));
+        // The spawning thread keeps its own set.
+        assert_eq!(allowed_cpus().unwrap(), cpus);
+        assert!(pin_thread(1 << 20).is_err());
+    }
+
+    #[test]
+    fn a_thread_moved_to_sched_idle_is_there_and_the_others_are_not() {
+        let policy = std::thread::spawn(|| {
+            set_thread_sched_idle().expect("sched_setscheduler");
+            // SAFETY: sched_getscheduler on the calling thread, no pointers.
+            unsafe { libc::sched_getscheduler(0) }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(policy, libc::SCHED_IDLE);
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_OTHER);
     }
 }
 
