@@ -54,7 +54,7 @@ struct Bench {
     /// Engines, comma-separated: tierswap, kernel-zswap, kernel-zram, kernel-disk, and tierswap
     /// variants tierswap:SETTING[:SETTING…] that change the flags' settings for that engine
     /// alone: policy=locality|order0|always, swapin-max=SIZE, [no-]fault-around,
-    /// [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin (one fault thread pinned to each CPU), [no-]idle-bg (reclaim and writeback under SCHED_IDLE), readahead=SIZE (disk readahead cap, 4K: off), spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-N, recompress=none|zstd|zstd-N, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file (local tiers only: drops the remote of --tiers, to compare the two). E.g. --engine
+    /// [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin (one fault thread pinned to each CPU), [no-]idle-bg (reclaim and writeback under SCHED_IDLE), [no-]direct-reclaim (a fault thread waiting for room evicts), readahead=SIZE (disk readahead cap, 4K: off), spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-N, recompress=none|zstd|zstd-N, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file (local tiers only: drops the remote of --tiers, to compare the two). E.g. --engine
     /// tierswap,tierswap:policy=order0,kernel-zswap: runs alternate engine by engine; the
     /// column ts÷ is plain tierswap's refault ÷ the variant's.
     #[arg(long, value_delimiter = ',', default_value = "tierswap")]
@@ -132,6 +132,10 @@ struct Bench {
     /// tierswap: do not encrypt the file tier's records (crc32c checksum only).
     #[arg(long)]
     no_encrypt: bool,
+    /// tierswap: direct reclaim: a fault thread whose fault waits for room evicts staged
+    /// blocks itself, beside the reclaim thread (thread mode; off by default).
+    #[arg(long)]
+    direct_reclaim: bool,
     /// tierswap: who serves a fault. thread: a fault thread woken by the userfaultfd (every
     /// access works, a system call's too); signal: the faulting thread itself, in a SIGBUS
     /// handler (no hand-off between CPUs; a system call touching a swapped-out page gets
@@ -410,6 +414,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         workingset: !b.no_workingset,
         keep_clean: !b.no_keep_clean,
         encrypt: !b.no_encrypt,
+        direct_reclaim: b.direct_reclaim,
         remote,
         fault_mode,
         ..PagerConfig::default()

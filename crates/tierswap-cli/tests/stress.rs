@@ -140,14 +140,19 @@ fn stress_without_injection_is_exact() {
     assert!(n(&v, "drain_moved") > 0, "drain moved pages off the file: {text}");
 }
 
-/// Every op, the program's madvise(DONTNEED) / mremap / munmap of managed memory included.
+/// Every op, the program's madvise(DONTNEED) / mremap / munmap of managed memory included,
+/// with direct reclaim on.
 /// (This hung within minutes while the engine moved discarded ranges with hole-allowing
 /// UFFDIO_MOVEs; the watchdog would end such a run with exit 3.)
 #[test]
 fn stress_with_program_events_is_exact() {
-    let (code, v, text) = stress("events", &["--threads", "4", "--duration", "20s", "--seed", "5", "--ops", "all"]);
+    // With direct reclaim: fault threads evict beside the reclaim thread while the program's
+    // munmap and mremap tear regions down under them.
+    let (code, v, text) =
+        stress("events", &["--threads", "4", "--duration", "20s", "--seed", "5", "--ops", "all", "--direct-reclaim"]);
     assert_eq!(code, Some(0), "{text}");
     check_common(&v, &text, Policy::Locality);
+    assert!(counter(&v, "pgsteal_direct") > 0, "fault threads evicted too: {text}");
     for op in ["dontneed", "mremap", "munmap"] {
         assert!(n(&v["ops"], op) > 0, "op {op} ran: {text}");
     }

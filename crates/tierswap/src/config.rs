@@ -15,6 +15,8 @@ pub const DEFAULT_FAULT_SPIN_US: u32 = 0;
 /// Default nice value of the reclaim and writeback threads (see
 /// `PagerConfig::background_nice`).
 pub const DEFAULT_BACKGROUND_NICE: i32 = 0;
+/// Whether fault threads reclaim directly by default (see `PagerConfig::direct_reclaim`).
+pub const DEFAULT_DIRECT_RECLAIM: bool = false;
 /// Whether fault threads are pinned one per CPU by default (see `PagerConfig::fault_pin`).
 pub const DEFAULT_FAULT_PIN: bool = true;
 /// Largest swap-in a user may ask for: 2 MiB.
@@ -251,6 +253,11 @@ pub struct PagerConfig {
     /// 0, the scheduler runs a woken fault thread before them on a busy CPU; 0 treats them
     /// alike.
     pub background_nice: i32,
+    /// Direct reclaim: a fault thread whose fault must wait for room evicts staged blocks
+    /// itself, beside the reclaim thread, instead of sleeping (the kernel's direct reclaim).
+    /// Compression then runs on the program's CPU too, which otherwise idles while it waits.
+    /// Thread mode only.
+    pub direct_reclaim: bool,
     /// Run the reclaim and writeback threads under SCHED_IDLE: a fault thread woken on their
     /// CPU preempts them at once instead of waiting out their time slice. They still run
     /// whenever a CPU has nothing else, which includes every time the program waits for room.
@@ -347,6 +354,7 @@ impl Default for PagerConfig {
             background_nice: DEFAULT_BACKGROUND_NICE,
             fault_pin: DEFAULT_FAULT_PIN,
             background_idle: false,
+            direct_reclaim: DEFAULT_DIRECT_RECLAIM,
             remote: None,
             fault_mode: FaultMode::default(),
         }

@@ -369,7 +369,7 @@ fn move_mirror_run(s: &Shared, old: &RegionInner, from: usize, new: &RegionInner
 pub(crate) fn teardown(s: &Shared, r: &RegionInner) {
     r.dead.store(true, Ordering::SeqCst);
     // Wait for reclaim to finish anything it started on this region.
-    let guard = r.reclaim_lock.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = r.reclaim_lock.write().unwrap_or_else(|e| e.into_inner());
     if r.gone.swap(true, Ordering::AcqRel) {
         return;
     }

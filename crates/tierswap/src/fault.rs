@@ -42,6 +42,8 @@ pub(crate) struct Scratch {
     /// Serving in the faulting thread (signal mode): no readahead after the fault, which
     /// would delay the program instead of running beside it.
     pub(crate) in_thread: bool,
+    /// A fault thread's direct reclaim, when configured (thread mode only).
+    direct: Option<crate::reclaim::DirectReclaim>,
 }
 
 impl Scratch {
@@ -55,6 +57,7 @@ impl Scratch {
             unit: UnitCache::new(unit_bytes)?,
             remote: RemotePrefetch::new(max_pages),
             in_thread: false,
+            direct: None,
         })
     }
 }
@@ -93,6 +96,12 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
     let spin = Duration::from_micros(s.config.fault_spin_us as u64);
     // When this thread last served something: it polls without sleeping until `spin` after.
     let mut last_served: Option<Instant> = None;
+    if s.config.direct_reclaim {
+        match crate::reclaim::DirectReclaim::new(s.clone()) {
+            Ok(d) => scratch.direct = Some(d),
+            Err(e) => eprintln!("tierswap: fault thread {index} will not reclaim directly: cannot map its buffers: {e}"),
+        }
+    }
     let fds = [s.uffd.as_raw_fd(), s.mirror_uffd.as_raw_fd(), s.stop_fd.as_raw_fd()];
     // Every allocation of this thread's start is behind it: a fork may begin now.
     s.fault_thread_started();
@@ -333,7 +342,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
     // Make room before adding a page, not while holding its lock.
     let cur = r.ptes.load(idx);
     if cur.state() != PteState::Present && cur.state() != PteState::Staged {
-        wait_for_room(s);
+        wait_for_room(s, scratch.direct.as_mut());
     }
     let old = r.ptes.lock(idx);
     match old.state() {
@@ -955,12 +964,20 @@ fn finish_fault(s: &Shared, t0: Instant) {
 /// It cannot when its last pass found nothing to evict, or when what eviction cannot
 /// shrink (a pool that could not be written back, metadata) already fills the budget:
 /// then the program goes on over budget, which reclaim counts and reports.
-fn wait_for_room(s: &Shared) {
+fn wait_for_room(s: &Shared, direct: Option<&mut crate::reclaim::DirectReclaim>) {
     let hopeless = || s.reclaim_stuck.load(Ordering::Relaxed) || s.footprint_floor() >= s.low_watermark();
     if s.footprint_bytes() <= s.budget() || hopeless() {
         return;
     }
     s.counters.throttled_faults.fetch_add(1, Ordering::Relaxed);
+    if let Some(d) = direct {
+        // Evict on this CPU rather than sleep on it; what is left to wait for is staging.
+        s.kick_reclaim();
+        d.run();
+        if s.footprint_bytes() <= s.budget() {
+            return;
+        }
+    }
     let deadline = Instant::now() + Duration::from_secs(2);
     let (m, cv) = &s.room;
     let mut g = m.lock().unwrap_or_else(|e| e.into_inner());

@@ -106,8 +106,10 @@ pub(crate) struct RegionInner {
     pub(crate) clock_block: AtomicUsize,
     /// Set when the region is being torn down: reclaim leaves it alone.
     pub(crate) dead: AtomicBool,
-    /// Held by reclaim while it changes the region, and by teardown.
-    pub(crate) reclaim_lock: Mutex<()>,
+    /// Read-held by each evictor (the reclaim thread, a direct reclaimer) while it changes
+    /// the region, which the pte locks keep apart page by page; write-held by teardown and
+    /// by the forced whole-region passes (`evict_all`, `stage_all`).
+    pub(crate) reclaim_lock: RwLock<()>,
     /// The readahead window of disk faults in this region.
     pub(crate) ra: Readahead,
     /// Recent swap-in streams: the evidence for large swap-in.
@@ -387,14 +389,16 @@ impl Shared {
     }
 
     /// File buffers and metadata: the footprint's part no eviction or writeback moves.
-    /// The buffers: reclaim's and writeback's write units, and the read copies of the
-    /// fault threads (theirs and their shared one) and of the signal-mode fault buffers
-    /// (counted whole, though a copy often holds a unit or less).
+    /// The buffers: reclaim's and writeback's write units (and each fault thread's, with
+    /// direct reclaim), and the read copies of the fault threads (theirs and their shared
+    /// one) and of the signal-mode fault buffers (counted whole, though a copy often holds a
+    /// unit or less).
     fn fixed_bytes(&self) -> u64 {
         let unit = self.config.file_unit_bytes;
         let copies = self.fault_threads + self.signal_scratch.len() + self.unit_cache.is_some() as usize;
+        let writers = 2 + if self.config.direct_reclaim { self.fault_threads } else { 0 };
         let file_buf =
-            if self.file.is_some() { 2 * unit + copies * crate::backend::file::UnitCache::bytes(unit) } else { 0 };
+            if self.file.is_some() { writers * unit + copies * crate::backend::file::UnitCache::bytes(unit) } else { 0 };
         file_buf as u64 + self.metadata_bytes.load(Ordering::Relaxed)
     }
 
@@ -598,7 +602,7 @@ impl Shared {
             ptes,
             clock_block: AtomicUsize::new(0),
             dead: AtomicBool::new(false),
-            reclaim_lock: Mutex::new(()),
+            reclaim_lock: RwLock::new(()),
             ra: Readahead::default(),
             locality: Locality::default(),
             first_touch_next: AtomicUsize::new(usize::MAX),

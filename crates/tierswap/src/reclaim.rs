@@ -222,7 +222,7 @@ impl Reclaim {
         let mut blocks_done = 0;
         for k in 0..regions.len() {
             let r = &regions[(self.next_region + k) % regions.len()];
-            let Ok(_guard) = r.reclaim_lock.try_lock() else {
+            let Ok(_guard) = r.reclaim_lock.try_read() else {
                 continue;
             };
             if r.dead.load(Ordering::Acquire) {
@@ -403,7 +403,7 @@ impl Reclaim {
             let Some(r) = self.s.region_by_id(id) else {
                 continue;
             };
-            let Ok(_guard) = r.reclaim_lock.try_lock() else {
+            let Ok(_guard) = r.reclaim_lock.try_read() else {
                 busy.push((id, b));
                 continue;
             };
@@ -772,6 +772,39 @@ enum Stored {
     Keep,
 }
 
+/// Blocks a direct reclaimer evicts per step (256 KiB) before it looks at the footprint again.
+const DIRECT_BATCH_BLOCKS: usize = 4;
+
+/// A fault thread's direct reclaim (`PagerConfig::direct_reclaim`): its own buffers, used
+/// only to evict blocks already on the inactive list. Staging, the inactive list's size and
+/// writeback stay with the reclaim thread.
+pub(crate) struct DirectReclaim(Reclaim);
+
+impl DirectReclaim {
+    pub(crate) fn new(s: Arc<Shared>) -> std::io::Result<DirectReclaim> {
+        Reclaim::new(s).map(DirectReclaim)
+    }
+
+    /// Evicts staged blocks until the footprint is at or under the budget, or the inactive
+    /// list has nothing left to evict. Returns pages evicted.
+    pub(crate) fn run(&mut self) -> usize {
+        let r = &mut self.0;
+        let mut total = 0;
+        while r.s.footprint_bytes() > r.s.budget() && !r.s.shutdown.load(Ordering::Acquire) {
+            let n = r.evict(DIRECT_BATCH_BLOCKS);
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        if total > 0 {
+            r.s.counters.pgsteal_direct.fetch_add(total as u64, Ordering::Relaxed);
+            r.notify_room();
+        }
+        total
+    }
+}
+
 /// Runs `per_block(reclaim, region, block)` over every block of every live region now, on
 /// the calling thread, with the region's reclaim lock held; returns the sum of what it
 /// returned.
@@ -785,7 +818,7 @@ fn for_every_block(s: &Arc<Shared>, mut per_block: impl FnMut(&mut Reclaim, &Reg
     };
     let mut total = 0;
     for region in r.regions() {
-        let _guard = region.reclaim_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = region.reclaim_lock.write().unwrap_or_else(|e| e.into_inner());
         if region.dead.load(Ordering::Acquire) {
             continue;
         }

@@ -134,6 +134,9 @@ counters! {
     pgactivate,
     /// Staged pages evicted to a backend.
     pgsteal,
+    /// Of those, pages a fault thread evicted itself while its fault waited for room
+    /// (direct reclaim, `PagerConfig::direct_reclaim`); the rest the reclaim thread did.
+    pgsteal_direct,
     /// Faults that waited for reclaim to bring the footprint under the budget.
     throttled_faults,
     /// Times the footprint could not be kept under budget: a reclaim pass with nothing left
