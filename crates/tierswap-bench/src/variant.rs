@@ -119,18 +119,10 @@ impl Override {
                     .map_err(|_| format!("policy '{v}' is not a swap-in policy: use policy=locality, order0 or always"))
             }
             "swapin-max" => {
-                let v = value.ok_or_else(|| needs("64K"))?;
-                let bytes = tierswap::parse_size(v).map_err(|_| {
-                    format!("swapin-max '{v}' is not a size: give a power of two from 4K to 2M, e.g. swapin-max=64K")
-                })?;
-                swapin_max_pages(bytes).map(Override::SwapinMaxPages).map_err(|e| format!("swapin-max={e}"))
+                pages_setting(key, value.ok_or_else(|| needs("64K"))?, "4K", "64K").map(Override::SwapinMaxPages)
             }
             "readahead" => {
-                let v = value.ok_or_else(|| needs("4K"))?;
-                let bytes = tierswap::parse_size(v).map_err(|_| {
-                    format!("readahead '{v}' is not a size: give a power of two from 4K (off) to 2M, e.g. readahead=4K")
-                })?;
-                swapin_max_pages(bytes).map(Override::ReadaheadMaxPages).map_err(|e| format!("readahead={e}"))
+                pages_setting(key, value.ok_or_else(|| needs("4K"))?, "4K (off)", "4K").map(Override::ReadaheadMaxPages)
             }
             "fault-around" => switch(Override::FaultAround, true),
             "no-fault-around" => switch(Override::FaultAround, false),
@@ -219,6 +211,15 @@ pub fn swapin_max_pages(bytes: u64) -> Result<u32, String> {
         ));
     }
     Ok((bytes / PAGE_BYTES) as u32)
+}
+
+/// A `key=SIZE` setting counted in pages: a power of two from 4K (`low`, as the message
+/// names it) to 2M; `example` is a valid value for the message.
+fn pages_setting(key: &str, v: &str, low: &str, example: &str) -> Result<u32, String> {
+    let bytes = tierswap::parse_size(v).map_err(|_| {
+        format!("{key} '{v}' is not a size: give a power of two from {low} to 2M, e.g. {key}={example}")
+    })?;
+    swapin_max_pages(bytes).map_err(|e| format!("{key}={e}"))
 }
 
 fn show_bytes(b: u64) -> String {
