@@ -6,7 +6,8 @@
 //! `swapin-max=SIZE` (4K to 2M, a power of two), `readahead=SIZE` (the disk readahead
 //! window's cap, likewise; 4K turns readahead off), and the switches `fault-around`,
 //! `workingset`, `keep-clean`, `encrypt`, `pin` (a fault thread pinned to each CPU), `idle-bg` (the
-//! reclaim and writeback threads under SCHED_IDLE), `direct-reclaim` (a fault thread
+//! reclaim and writeback threads under SCHED_IDLE), `batch-release` (evicted blocks'
+//! mirror copies dropped 8 at a time), `direct-reclaim` (a fault thread
 //! waiting for room evicts itself), each
 //! also as `no-…`, `spin=US`, `nice=N` (the
 //! reclaim and writeback threads' nice value, 0 to 19) and
@@ -25,7 +26,7 @@ use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), readahead=SIZE (4K..2M, 4K: off), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]direct-reclaim, spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, recompress=none|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]direct-reclaim, spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, recompress=none|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
@@ -50,6 +51,8 @@ pub enum Override {
     Pin(bool),
     /// `idle-bg` / `no-idle-bg`: the reclaim and writeback threads under SCHED_IDLE.
     IdleBackground(bool),
+    /// `batch-release` / `no-batch-release`: evicted blocks dropped 8 at a time.
+    BatchRelease(bool),
     /// `direct-reclaim` / `no-direct-reclaim`: fault threads evict while they wait for room.
     DirectReclaim(bool),
     /// `spin=US`: the fault threads' adaptive spin.
@@ -85,6 +88,7 @@ impl Override {
             Override::Encrypt(on) => config.encrypt = on,
             Override::Pin(on) => config.fault_pin = on,
             Override::IdleBackground(on) => config.background_idle = on,
+            Override::BatchRelease(on) => config.batch_release = on,
             Override::DirectReclaim(on) => config.direct_reclaim = on,
             Override::SpinUs(us) => config.fault_spin_us = us,
             Override::Nice(n) => config.background_nice = n,
@@ -132,6 +136,8 @@ impl Override {
             "no-pin" => switch(Override::Pin, false),
             "idle-bg" => switch(Override::IdleBackground, true),
             "no-idle-bg" => switch(Override::IdleBackground, false),
+            "batch-release" => switch(Override::BatchRelease, true),
+            "no-batch-release" => switch(Override::BatchRelease, false),
             "direct-reclaim" => switch(Override::DirectReclaim, true),
             "no-direct-reclaim" => switch(Override::DirectReclaim, false),
             "spin" => value
@@ -349,6 +355,13 @@ mod tests {
         assert!(!parse("tierswap:no-pin").unwrap().pager(&PagerConfig { fault_pin: true, ..base.clone() }).fault_pin);
         assert!(parse("tierswap:pin=1").is_err());
         assert!(parse("tierswap:pin:idle-bg").unwrap().pager(&base).background_idle);
+        assert!(!parse("tierswap:no-batch-release").unwrap().pager(&base).batch_release);
+        assert!(
+            parse("tierswap:batch-release")
+                .unwrap()
+                .pager(&PagerConfig { batch_release: false, ..base.clone() })
+                .batch_release
+        );
         assert!(parse("tierswap:direct-reclaim").unwrap().pager(&base).direct_reclaim);
         assert_eq!(parse("tierswap:readahead=4K").unwrap().pager(&base).readahead_max_pages, 1);
         assert_eq!(parse("tierswap:readahead=256K").unwrap().pager(&base).readahead_max_pages, 64);

@@ -128,7 +128,8 @@ fn stress_with_every_fault_kind_loses_nothing() {
 
 #[test]
 fn stress_without_injection_is_exact() {
-    let (code, v, text) = stress("plain", &["--threads", "4", "--duration", "20s", "--seed", "3", "--policy", "order0"]);
+    let (code, v, text) =
+        stress("plain", &["--threads", "4", "--duration", "20s", "--seed", "3", "--policy", "order0"]);
     assert_eq!(code, Some(0), "{text}");
     check_common(&v, &text, Policy::Order0);
     assert!(v["injected"].as_array().unwrap().is_empty(), "{text}");

@@ -267,6 +267,10 @@ pub struct PagerConfig {
     /// sleeps, without waking a halted CPU (DESIGN §9), and its install wakes the faulting
     /// thread on that same CPU. Takes effect with one fault thread per CPU (the default).
     pub fault_pin: bool,
+    /// Reclaim drops the mirror copies of evicted pages 8 blocks at a time, with one
+    /// process_madvise (adjacent blocks merged into one range), instead of one madvise per
+    /// block: one TLB shootdown of the program's CPU instead of eight.
+    pub batch_release: bool,
     /// The remote tier below the pool (pool writeback goes there first), if any.
     pub remote: Option<RemoteConfig>,
     /// Who serves a fault: a fault thread woken by the userfaultfd, or the faulting thread
@@ -353,6 +357,7 @@ impl Default for PagerConfig {
             fault_spin_us: DEFAULT_FAULT_SPIN_US,
             background_nice: DEFAULT_BACKGROUND_NICE,
             fault_pin: DEFAULT_FAULT_PIN,
+            batch_release: true,
             background_idle: false,
             direct_reclaim: DEFAULT_DIRECT_RECLAIM,
             remote: None,

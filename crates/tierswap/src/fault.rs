@@ -99,7 +99,9 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
     if s.config.direct_reclaim {
         match crate::reclaim::DirectReclaim::new(s.clone()) {
             Ok(d) => scratch.direct = Some(d),
-            Err(e) => eprintln!("tierswap: fault thread {index} will not reclaim directly: cannot map its buffers: {e}"),
+            Err(e) => {
+                eprintln!("tierswap: fault thread {index} will not reclaim directly: cannot map its buffers: {e}")
+            }
         }
     }
     let fds = [s.uffd.as_raw_fd(), s.mirror_uffd.as_raw_fd(), s.stop_fd.as_raw_fd()];

@@ -397,8 +397,11 @@ impl Shared {
         let unit = self.config.file_unit_bytes;
         let copies = self.fault_threads + self.signal_scratch.len() + self.unit_cache.is_some() as usize;
         let writers = 2 + if self.config.direct_reclaim { self.fault_threads } else { 0 };
-        let file_buf =
-            if self.file.is_some() { writers * unit + copies * crate::backend::file::UnitCache::bytes(unit) } else { 0 };
+        let file_buf = if self.file.is_some() {
+            writers * unit + copies * crate::backend::file::UnitCache::bytes(unit)
+        } else {
+            0
+        };
         file_buf as u64 + self.metadata_bytes.load(Ordering::Relaxed)
     }
 

@@ -9,6 +9,7 @@
 //! 3. Writeback (the writeback thread, see [`crate::writeback`]) is kicked when the pool
 //!    is over its limit, or when the budget is exceeded and nothing else can be evicted.
 
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,12 +31,50 @@ const BATCH_BLOCKS: usize = 16;
 const CHUNK_BLOCKS: usize = PTES_PER_CHUNK / BLOCK_PAGES;
 /// Reclaim's allocation lane in the swap space.
 const LANE: usize = 0;
+/// Blocks deactivated together, with one move per run of present pages (1 MiB).
+const SPAN_BLOCKS: usize = 16;
+/// Evicted blocks whose mirror copies are dropped together, with one process_madvise.
+const RELEASE_BLOCKS: usize = 8;
+/// Ranges per process_madvise (the kernel takes up to UIO_MAXIOV = 1024).
+const RELEASE_RANGES: usize = 64;
+
+/// Evicted pages whose mirror copies are not dropped yet. Their bytes are stored and their
+/// slots placed, but their ptes stay locked (a fault on one waits) until
+/// [`Reclaim::release`] drops every range at once and points the ptes at their slots.
+/// Dropping a range costs a TLB shootdown while the program runs on the other CPU: one
+/// process_madvise over 8 blocks measured 26 µs a block here, against 40–46 µs for one
+/// madvise each. Always released before the region's reclaim lock is let go.
+#[derive(Default)]
+struct Pending {
+    /// Mirror ranges (address, bytes), adjacent ones merged.
+    ranges: Vec<(usize, usize)>,
+    /// (page index, slot) of every page whose range is pending.
+    pages: Vec<(usize, u64)>,
+    blocks: usize,
+}
+
+impl Pending {
+    fn push_range(&mut self, addr: usize, len: usize) {
+        match self.ranges.last_mut() {
+            Some((a, l)) if *a + *l == addr => *l += len,
+            _ => self.ranges.push((addr, len)),
+        }
+    }
+}
 
 struct Reclaim {
     s: Arc<Shared>,
     compressed: Vec<u8>,
     writer: Option<UnitWriter>,
     slots: Vec<u64>,
+    pending: Pending,
+    /// Blocks released together: [`RELEASE_BLOCKS`], or 1 without `batch_release`.
+    release_blocks: usize,
+    /// Blocks deactivated together: [`SPAN_BLOCKS`], or 1 without `batch_release`.
+    span_blocks: usize,
+    /// This process's pidfd for process_madvise; `None` where it failed once (old kernels),
+    /// and ranges are dropped with one madvise each.
+    pidfd: Option<std::os::fd::OwnedFd>,
     /// Round-robin position over regions.
     next_region: usize,
     last_metadata: Instant,
@@ -99,11 +138,16 @@ impl Reclaim {
             Some(_) => Some(UnitWriter::new(s.config.file_unit_bytes)?),
             None => None,
         };
+        let batch = s.config.batch_release;
         Ok(Reclaim {
             s,
             compressed: vec![0u8; COMPRESS_BUF_BYTES],
             writer,
             slots: Vec::with_capacity(BLOCK_PAGES),
+            pending: Pending::default(),
+            release_blocks: if batch { RELEASE_BLOCKS } else { 1 },
+            span_blocks: if batch { SPAN_BLOCKS } else { 1 },
+            pidfd: if batch { sys::pidfd_self().ok() } else { None },
             next_region: 0,
             last_metadata: Instant::now(),
             warned_write_error: false,
@@ -240,11 +284,23 @@ impl Reclaim {
                     scanned += rest;
                     continue;
                 }
-                let n = self.deactivate_block(r, b, false);
-                if n > 0 {
-                    moved += n;
-                    blocks_done += 1;
-                    self.s.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((r.id, b));
+                // The blocks after it in its chunk go with it: one move per run of pages
+                // (one TLB flush) instead of one per block.
+                let span = (max_blocks - blocks_done)
+                    .min(self.span_blocks)
+                    .min(CHUNK_BLOCKS - b % CHUNK_BLOCKS)
+                    .min(n_blocks - b);
+                if span > 1 {
+                    r.clock_block.fetch_add(span - 1, Ordering::Relaxed);
+                    scanned += span - 1;
+                }
+                let mut per_block = [0usize; SPAN_BLOCKS];
+                moved += self.deactivate_span(r, b, span, false, &mut per_block);
+                for (k, &n) in per_block[..span].iter().enumerate() {
+                    if n > 0 {
+                        blocks_done += 1;
+                        self.s.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((r.id, b + k));
+                    }
                 }
             }
             if blocks_done >= max_blocks {
@@ -258,9 +314,24 @@ impl Reclaim {
 
     /// Stages the present pages of block `b`. Returns pages staged.
     fn deactivate_block(&mut self, r: &RegionInner, b: usize, force: bool) -> usize {
+        self.deactivate_span(r, b, 1, force, &mut [0; SPAN_BLOCKS])
+    }
+
+    /// Stages the present pages of blocks `[b, b + n)`, `n` ≤ [`SPAN_BLOCKS`], all in one
+    /// 2 MiB chunk (the kernel moves a run within one page table with one TLB flush).
+    /// `per_block[k]` gets the pages staged of block `b + k`. Returns pages staged.
+    fn deactivate_span(
+        &mut self,
+        r: &RegionInner,
+        b: usize,
+        n: usize,
+        force: bool,
+        per_block: &mut [usize; SPAN_BLOCKS],
+    ) -> usize {
+        debug_assert!(n <= SPAN_BLOCKS && (b % CHUNK_BLOCKS) + n <= CHUNK_BLOCKS);
         let start = b * BLOCK_PAGES;
-        let end = (start + BLOCK_PAGES).min(r.n_pages);
-        let mut locked = [false; BLOCK_PAGES];
+        let end = (start + n * BLOCK_PAGES).min(r.n_pages);
+        let mut locked = [false; SPAN_BLOCKS * BLOCK_PAGES];
         let mut any = false;
         for i in start..end {
             // An active page (refaulted from staging) gets one more round: clear the bit.
@@ -308,7 +379,7 @@ impl Reclaim {
             while i < end && locked[i - start] {
                 i += 1;
             }
-            staged += self.stage_run(r, run_start, i);
+            staged += self.stage_run(r, run_start, i, start, per_block);
         }
         self.s.present_pages.fetch_sub(staged as i64, Ordering::Relaxed);
         self.s.staged_pages.fetch_add(staged as i64, Ordering::Relaxed);
@@ -317,8 +388,16 @@ impl Reclaim {
 
     /// Moves locked present pages `[from, to)` to the mirror and unlocks them: staged if
     /// moved; None if the program had discarded it (a hole); present if the move could not
-    /// be done now. Returns pages staged.
-    fn stage_run(&mut self, r: &RegionInner, from: usize, to: usize) -> usize {
+    /// be done now. Counts each page staged in `per_block[(page - span_start) / BLOCK_PAGES]`.
+    /// Returns pages staged.
+    fn stage_run(
+        &mut self,
+        r: &RegionInner,
+        from: usize,
+        to: usize,
+        span_start: usize,
+        per_block: &mut [usize],
+    ) -> usize {
         let mut i = from;
         let mut staged = 0;
         let mut again = 0;
@@ -360,6 +439,7 @@ impl Reclaim {
             for k in i..i + done {
                 let old = r.ptes.load(k);
                 r.ptes.unlock(k, old, old.staged_keeping_hotness());
+                per_block[(k - span_start) / BLOCK_PAGES] += 1;
             }
             staged += done;
             i += done;
@@ -378,6 +458,7 @@ impl Reclaim {
                         PteState::Staged => {
                             // Moved after all, whatever the errno said.
                             staged += 1;
+                            per_block[(i - span_start) / BLOCK_PAGES] += 1;
                             old.staged_keeping_hotness()
                         }
                         _ => old,
@@ -410,11 +491,31 @@ impl Reclaim {
             if r.dead.load(Ordering::Acquire) {
                 continue;
             }
-            let n = self.evict_block(&r, b);
-            if n > 0 {
-                evicted += n;
-                blocks += 1;
+            // Evict this block and the ones after it in the queue from the same region
+            // under one hold of its lock, their mirror ranges dropped in batches.
+            let mut b = b;
+            loop {
+                let n = self.evict_block(&r, b);
+                if n > 0 {
+                    evicted += n;
+                    blocks += 1;
+                }
+                if self.pending.blocks >= self.release_blocks {
+                    self.release(&r);
+                }
+                if blocks >= max_blocks {
+                    break;
+                }
+                let mut q = self.s.inactive.lock().unwrap_or_else(|e| e.into_inner());
+                match q.front() {
+                    Some(&(next_id, next_b)) if next_id == id => {
+                        q.pop_front();
+                        b = next_b;
+                    }
+                    _ => break,
+                }
             }
+            self.release(&r);
         }
         if !busy.is_empty() {
             let mut q = self.s.inactive.lock().unwrap_or_else(|e| e.into_inner());
@@ -460,6 +561,9 @@ impl Reclaim {
         }
         let clean_evicted = if any_clean { self.evict_clean(r, start, &clean) } else { 0 };
         if n == 0 {
+            if clean_evicted > 0 {
+                self.pending.blocks += 1;
+            }
             return clean_evicted;
         }
         let mut slots = std::mem::take(&mut self.slots);
@@ -496,44 +600,92 @@ impl Reclaim {
         if !file_pending.is_empty() {
             self.flush_file_pending(r, &pages, &slots, &mut file_pending, &mut placed);
         }
-        // Drop the evicted pages from the mirror, one madvise per run, while still locked.
-        let mut k = 0;
-        while k < got {
-            if !placed[k] {
-                k += 1;
-                continue;
-            }
-            let run = k;
-            while k + 1 < got && placed[k + 1] && pages[k + 1] == pages[k] + 1 {
-                k += 1;
-            }
-            let addr = r.mirror_addr(pages[run]);
-            let len = (k - run + 1) * PAGE_SIZE;
-            // SAFETY: the mirror pages of locked, now-stored pages; nothing else refers to them.
-            if let Err(e) = unsafe { sys::madvise(addr, len, libc::MADV_DONTNEED) } {
-                eprintln!("tierswap: releasing staged pages at {addr:#x} failed: {e}");
-            }
-            k += 1;
-        }
+        // The stored pages stay locked until their mirror copies are dropped, with the
+        // next blocks', in [`Reclaim::release`].
         let mut evicted = 0;
         for k in 0..got {
             let i = pages[k];
-            let old = r.ptes.load(i);
             if placed[k] {
-                r.ptes.unlock(i, old, Pte::swapped(slots[k]));
+                self.pending.push_range(r.mirror_addr(i), PAGE_SIZE);
+                self.pending.pages.push((i, slots[k]));
                 evicted += 1;
             } else {
                 // Nowhere to put it now: give the slot back, the page stays staged.
                 let e = self.s.swap.lock(slots[k]);
                 self.s.swap.unlock(slots[k], e, SwapEntry::FREE);
+                let old = r.ptes.load(i);
                 r.ptes.unlock(i, old, old);
             }
         }
+        if evicted + clean_evicted > 0 {
+            self.pending.blocks += 1;
+        }
+        self.slots = slots;
+        evicted + clean_evicted
+    }
+
+    /// Drops the mirror copies of the pending evicted pages of `r` and points their ptes
+    /// at their slots. A range that cannot be dropped is reported and its pages count as
+    /// evicted all the same: their bytes are in their slots, only the memory stays taken.
+    fn release(&mut self, r: &RegionInner) {
+        if self.pending.pages.is_empty() {
+            return;
+        }
+        let mut done = 0;
+        while done < self.pending.ranges.len() {
+            done += self.drop_ranges(done);
+        }
+        for &(i, slot) in &self.pending.pages {
+            let old = r.ptes.load(i);
+            r.ptes.unlock(i, old, Pte::swapped(slot));
+        }
+        let evicted = self.pending.pages.len();
         self.s.staged_pages.fetch_sub(evicted as i64, Ordering::Relaxed);
         self.s.counters.pgsteal.fetch_add(evicted as u64, Ordering::Relaxed);
         self.s.swap.note_evictions(evicted as u64);
-        self.slots = slots;
-        evicted + clean_evicted
+        self.pending.ranges.clear();
+        self.pending.pages.clear();
+        self.pending.blocks = 0;
+    }
+
+    /// Drops pending ranges from `from` on: up to [`RELEASE_RANGES`] with one
+    /// process_madvise, or one with madvise where that is not available or stopped short.
+    /// Returns how many ranges it finished.
+    fn drop_ranges(&mut self, from: usize) -> usize {
+        let ranges = &self.pending.ranges[from..];
+        if let Some(pidfd) = &self.pidfd {
+            let n = ranges.len().min(RELEASE_RANGES);
+            let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; RELEASE_RANGES];
+            for (v, &(addr, len)) in iov.iter_mut().zip(&ranges[..n]) {
+                *v = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len };
+            }
+            // SAFETY: the mirror pages of locked, stored pages; nothing else refers to them.
+            match unsafe { sys::process_madvise(pidfd.as_fd(), &iov[..n], libc::MADV_DONTNEED) } {
+                Ok(bytes) => {
+                    // Whole ranges advised before a failing one; that one goes to madvise.
+                    let mut left = bytes;
+                    let mut whole = 0;
+                    while whole < n && left >= ranges[whole].1 {
+                        left -= ranges[whole].1;
+                        whole += 1;
+                    }
+                    if whole > 0 {
+                        return whole;
+                    }
+                }
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS | libc::EPERM)) => {
+                    // This kernel cannot: madvise from now on.
+                    self.pidfd = None;
+                }
+                Err(_) => {}
+            }
+        }
+        let (addr, len) = ranges[0];
+        // SAFETY: as above.
+        if let Err(e) = unsafe { sys::madvise(addr, len, libc::MADV_DONTNEED) } {
+            eprintln!("tierswap: releasing staged pages at {addr:#x} failed: {e}");
+        }
+        1
     }
 
     /// Evicts the locked, clean staged pages of the block at `start` (`clean[k]` for page
@@ -541,36 +693,21 @@ impl Reclaim {
     /// faulted and dropped it first), so eviction is dropping the page and pointing the pte
     /// back at the slot. No compression, no IO.
     fn evict_clean(&mut self, r: &RegionInner, start: usize, clean: &[bool; BLOCK_PAGES]) -> usize {
-        let mut k = 0;
         let mut evicted = 0;
-        while k < BLOCK_PAGES {
-            if !clean[k] {
-                k += 1;
-                continue;
-            }
-            let run = k;
-            while k < BLOCK_PAGES && clean[k] {
-                k += 1;
-            }
-            let addr = r.mirror_addr(start + run);
-            // SAFETY: the mirror pages of locked staged pages whose bytes their kept slots
-            // hold; nothing else refers to them.
-            let dropped = unsafe { sys::madvise(addr, (k - run) * PAGE_SIZE, libc::MADV_DONTNEED) };
-            for i in start + run..start + k {
-                let old = r.ptes.load(i);
-                match (dropped.is_ok(), old.kept_slot()) {
-                    (true, Some(slot)) => {
-                        r.ptes.unlock(i, old, Pte::swapped(slot));
-                        evicted += 1;
-                    }
-                    _ => r.ptes.unlock(i, old, old),
+        for (k, _) in clean.iter().enumerate().filter(|(_, &c)| c) {
+            let i = start + k;
+            let old = r.ptes.load(i);
+            match old.kept_slot() {
+                Some(slot) => {
+                    // Dropped from the mirror with the block's other pages in [`Reclaim::release`].
+                    self.pending.push_range(r.mirror_addr(i), PAGE_SIZE);
+                    self.pending.pages.push((i, slot));
+                    evicted += 1;
                 }
+                None => r.ptes.unlock(i, old, old),
             }
         }
-        self.s.staged_pages.fetch_sub(evicted as i64, Ordering::Relaxed);
-        self.s.counters.pgsteal.fetch_add(evicted as u64, Ordering::Relaxed);
         self.s.counters.swpout_clean.fetch_add(evicted as u64, Ordering::Relaxed);
-        self.s.swap.note_evictions(evicted as u64);
         evicted
     }
 
@@ -825,6 +962,7 @@ fn for_every_block(s: &Arc<Shared>, mut per_block: impl FnMut(&mut Reclaim, &Reg
         for b in 0..region.n_pages.div_ceil(BLOCK_PAGES) {
             total += per_block(&mut r, &region, b);
         }
+        r.release(&region);
     }
     r.notify_room();
     total
@@ -836,7 +974,11 @@ pub(crate) fn evict_everything(s: &Arc<Shared>) -> usize {
     for_every_block(s, |r, region, b| {
         let staged = r.deactivate_block(region, b, true);
         r.s.counters.pgdeactivate.fetch_add(staged as u64, Ordering::Relaxed);
-        r.evict_block(region, b)
+        let n = r.evict_block(region, b);
+        if r.pending.blocks >= r.release_blocks {
+            r.release(region);
+        }
+        n
     })
 }
 
