@@ -7,7 +7,8 @@
 //! window's cap, likewise; 4K turns readahead off), and the switches `fault-around`,
 //! `workingset`, `keep-clean`, `encrypt`, `pin` (a fault thread pinned to each CPU), `idle-bg` (the
 //! reclaim and writeback threads under SCHED_IDLE), `batch-release` (evicted blocks'
-//! mirror copies dropped 8 at a time), `direct-reclaim` (a fault thread
+//! mirror copies dropped 8 at a time), `learn-blocks` (a lone fault brings its 64 KiB block
+//! in whole once blocks are seen read whole), `direct-reclaim` (a fault thread
 //! waiting for room evicts itself), each
 //! also as `no-…`, `spin=US`, `nice=N` (the
 //! reclaim and writeback threads' nice value, 0 to 19) and
@@ -26,7 +27,7 @@ use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), readahead=SIZE (4K..2M, 4K: off), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]direct-reclaim, spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, recompress=none|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]learn-blocks, [no-]direct-reclaim, spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, recompress=none|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
@@ -53,6 +54,9 @@ pub enum Override {
     IdleBackground(bool),
     /// `batch-release` / `no-batch-release`: evicted blocks dropped 8 at a time.
     BatchRelease(bool),
+    /// `learn-blocks` / `no-learn-blocks`: a lone fault brings its block in whole once
+    /// blocks are seen read whole.
+    LearnBlocks(bool),
     /// `direct-reclaim` / `no-direct-reclaim`: fault threads evict while they wait for room.
     DirectReclaim(bool),
     /// `spin=US`: the fault threads' adaptive spin.
@@ -89,6 +93,7 @@ impl Override {
             Override::Pin(on) => config.fault_pin = on,
             Override::IdleBackground(on) => config.background_idle = on,
             Override::BatchRelease(on) => config.batch_release = on,
+            Override::LearnBlocks(on) => config.swapin_learn_blocks = on,
             Override::DirectReclaim(on) => config.direct_reclaim = on,
             Override::SpinUs(us) => config.fault_spin_us = us,
             Override::Nice(n) => config.background_nice = n,
@@ -138,6 +143,8 @@ impl Override {
             "no-idle-bg" => switch(Override::IdleBackground, false),
             "batch-release" => switch(Override::BatchRelease, true),
             "no-batch-release" => switch(Override::BatchRelease, false),
+            "learn-blocks" => switch(Override::LearnBlocks, true),
+            "no-learn-blocks" => switch(Override::LearnBlocks, false),
             "direct-reclaim" => switch(Override::DirectReclaim, true),
             "no-direct-reclaim" => switch(Override::DirectReclaim, false),
             "spin" => value
@@ -356,6 +363,7 @@ mod tests {
         assert!(parse("tierswap:pin=1").is_err());
         assert!(parse("tierswap:pin:idle-bg").unwrap().pager(&base).background_idle);
         assert!(!parse("tierswap:no-batch-release").unwrap().pager(&base).batch_release);
+        assert!(!parse("tierswap:no-learn-blocks").unwrap().pager(&base).swapin_learn_blocks);
         assert!(
             parse("tierswap:batch-release")
                 .unwrap()

@@ -54,7 +54,7 @@ struct Bench {
     /// Engines, comma-separated: tierswap, kernel-zswap, kernel-zram, kernel-disk, and tierswap
     /// variants tierswap:SETTING[:SETTING…] that change the flags' settings for that engine
     /// alone: policy=locality|order0|always, swapin-max=SIZE, [no-]fault-around,
-    /// [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin (one fault thread pinned to each CPU), [no-]idle-bg (reclaim and writeback under SCHED_IDLE), [no-]batch-release (evicted blocks dropped 8 at a time, one TLB flush), [no-]direct-reclaim (a fault thread waiting for room evicts), readahead=SIZE (disk readahead cap, 4K: off), spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-N, recompress=none|zstd|zstd-N, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file (local tiers only: drops the remote of --tiers, to compare the two). E.g. --engine
+    /// [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin (one fault thread pinned to each CPU), [no-]idle-bg (reclaim and writeback under SCHED_IDLE), [no-]batch-release (evicted blocks dropped 8 at a time, one TLB flush), [no-]learn-blocks (a lone fault brings its 64K block in whole once blocks are seen read whole), [no-]direct-reclaim (a fault thread waiting for room evicts), readahead=SIZE (disk readahead cap, 4K: off), spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-N, recompress=none|zstd|zstd-N, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file (local tiers only: drops the remote of --tiers, to compare the two). E.g. --engine
     /// tierswap,tierswap:policy=order0,kernel-zswap: runs alternate engine by engine; the
     /// column ts÷ is plain tierswap's refault ÷ the variant's.
     #[arg(long, value_delimiter = ',', default_value = "tierswap")]

@@ -234,6 +234,11 @@ pub struct PagerConfig {
     pub swapin_policy: SwapinPolicy,
     /// Largest swap-in, in pages: a power of two from 1 (4 KiB) to 512 (2 MiB); default 16 (64 KiB).
     pub swapin_max_pages: u32,
+    /// Under the locality policy, learn whether the program reads whole 64 KiB blocks when
+    /// it faults on one out of order: if lone faults are mostly followed by a fault on the
+    /// next page, a lone fault brings its whole block in (one fault a block instead of two),
+    /// one in eight staying a page to keep measuring (`policy/admission.rs`).
+    pub swapin_learn_blocks: bool,
     /// Map staged neighbours of a faulting page in the same call (fault-around).
     pub fault_around: bool,
     /// Workingset detection: evicted pages keep an eviction time, and a page refaulted
@@ -350,6 +355,7 @@ impl Default for PagerConfig {
             file_unit_bytes: crate::backend::file::DEFAULT_UNIT_BYTES,
             swapin_policy: SwapinPolicy::default(),
             swapin_max_pages: DEFAULT_SWAPIN_MAX_PAGES,
+            swapin_learn_blocks: true,
             fault_around: true,
             workingset: true,
             keep_clean: true,

@@ -459,7 +459,8 @@ fn swap_in(
     write: bool,
     scratch: &mut Scratch,
 ) -> (Option<Tag>, usize, usize) {
-    let d = r.locality.decide(idx, r.hint, s.config.swapin_policy, s.config.swapin_max_pages);
+    let c = &s.config;
+    let d = r.locality.decide(idx, r.hint, c.swapin_policy, c.swapin_max_pages, c.swapin_learn_blocks);
     if d.vetoed {
         s.counters.swpin_large_veto.fetch_add(1, Ordering::Relaxed);
     }

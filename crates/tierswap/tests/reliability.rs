@@ -575,7 +575,10 @@ fn signal_storms_reach_only_program_threads() {
         HANDLER_TID_LOG.iter().map(|t| t.load(Ordering::Relaxed) as i32).filter(|&t| t != 0).collect();
     assert_eq!(bad, 0, "every page came back exact under the storm");
     assert!(sent.load(Ordering::Relaxed) > 100 && seen > 0, "the storm ran: sent {sent:?}, seen {seen}");
-    assert!(pager.stats().counters.faults > n as u64, "the pages faulted back in: {:?}", pager.stats().counters);
+    // Every round evicted everything and read every page back: at least one fault in
+    // swapped memory per 64 KiB block and round (large swap-in brings a block at most).
+    let c = pager.stats().counters;
+    assert!(c.faults_swapped >= 3 * (n as u64 / 16), "the pages faulted back in: {c:?}");
     assert!(!pager_tids.is_empty(), "the pager's threads are named tierswap-*");
     assert!(
         tids.is_disjoint(&pager_tids),

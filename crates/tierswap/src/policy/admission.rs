@@ -9,6 +9,14 @@
 //! the kernel's readahead window; any other fault goes back to one page. The hint decides
 //! without evidence: Sequential always admits, Random never does.
 //!
+//! Whole blocks (`learn`): a program that reads whole 64 KiB blocks in random order starts
+//! a stream in every block, and paid two faults a block (one page, then the other 15).
+//! Each lone fault (no stream) is counted, and so is the next fault when it lands on the
+//! page right after (the program read on into the block). When three lone faults in four
+//! were followed, a lone fault brings its whole block in at once, except every
+//! [`PROBE_EVERY`]th, which stays one page to keep measuring: if the program turns sparse,
+//! the probes stop being followed and admission goes back to one page.
+//!
 //! Pure decisions: no syscalls, no pte or slot access (the fault path probes the range).
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -17,6 +25,11 @@ use crate::config::{Hint, SwapinPolicy};
 
 /// Streams remembered per region: a few threads each walking their own range.
 pub const STREAMS: usize = 4;
+/// Whole-block learning: one lone fault in this many stays one page while blocks come in
+/// whole, to keep measuring.
+pub const PROBE_EVERY: u32 = 8;
+/// Whole-block learning: lone faults counted before deciding; both counts halve at 4×.
+const LEARN_MIN: u32 = 16;
 
 /// What admission decided for one fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,12 +51,20 @@ pub struct Locality {
     cursor: AtomicUsize,
     /// The window of the last stream continuation, in pages.
     window: AtomicU32,
+    /// Lone faults (no stream) counted by whole-block learning, and those of them whose
+    /// next page faulted next; halved together.
+    lone: AtomicU32,
+    followed: AtomicU32,
+    /// The page after the last lone fault, plus one (0: none).
+    after_lone: AtomicUsize,
+    /// Lone faults while blocks came in whole, for the probes.
+    whole: AtomicU32,
 }
 
 impl Locality {
     /// Decides for a fault at page `idx` of a region with `hint`, under `policy`, with
-    /// swap-ins of at most `max_pages` (a power of two).
-    pub fn decide(&self, idx: usize, hint: Hint, policy: SwapinPolicy, max_pages: u32) -> Decision {
+    /// swap-ins of at most `max_pages` (a power of two), whole-block learning if `learn`.
+    pub fn decide(&self, idx: usize, hint: Hint, policy: SwapinPolicy, max_pages: u32, learn: bool) -> Decision {
         let max_pages = max_pages.max(1);
         if max_pages == 1 || policy == SwapinPolicy::Order0 {
             return Decision { pages: 1, vetoed: false };
@@ -55,7 +76,16 @@ impl Locality {
             return Decision { pages: 1, vetoed: true };
         }
         if !self.continues_stream(idx) {
+            if learn && self.blocks_read_whole() && self.whole.fetch_add(1, Ordering::Relaxed) % PROBE_EVERY != 0 {
+                return Decision { pages: (crate::page::BLOCK_PAGES as u32).min(max_pages), vetoed: false };
+            }
+            if learn {
+                self.note_lone(idx);
+            }
             return Decision { pages: 1, vetoed: true };
+        }
+        if learn && self.after_lone.swap(0, Ordering::Relaxed) == idx + 1 {
+            self.followed.fetch_add(1, Ordering::Relaxed);
         }
         let prev = self.window.load(Ordering::Relaxed);
         let pages = grow_window(prev, max_pages);
@@ -76,6 +106,25 @@ impl Locality {
         }
         let k = self.cursor.fetch_add(1, Ordering::Relaxed) % STREAMS;
         self.ends[k].store(end_idx + 1, Ordering::Relaxed);
+    }
+
+    /// Counts a lone fault at `idx` (one page, no stream) for whole-block learning.
+    fn note_lone(&self, idx: usize) {
+        if self.lone.fetch_add(1, Ordering::Relaxed) + 1 >= 4 * LEARN_MIN {
+            // Halve both: the evidence of the last few dozen lone faults weighs most. A
+            // racing update lost here costs one count.
+            self.lone.store(2 * LEARN_MIN, Ordering::Relaxed);
+            let f = self.followed.load(Ordering::Relaxed);
+            self.followed.store(f / 2, Ordering::Relaxed);
+        }
+        self.after_lone.store(idx + 2, Ordering::Relaxed);
+    }
+
+    /// Whether lone faults have mostly been followed by a fault on the next page: three in
+    /// four, over at least [`LEARN_MIN`].
+    fn blocks_read_whole(&self) -> bool {
+        let lone = self.lone.load(Ordering::Relaxed);
+        lone >= LEARN_MIN && self.followed.load(Ordering::Relaxed) * 4 >= lone * 3
     }
 
     /// Whether a fault at `idx` lands where a recent swap-in ended.
@@ -121,7 +170,7 @@ mod tests {
         let (mut faults, mut large) = (0, 0);
         let mut next = 0;
         while next < n {
-            let d = l.decide(next, hint, SwapinPolicy::Locality, max);
+            let d = l.decide(next, hint, SwapinPolicy::Locality, max, false);
             let (_, end) = if d.pages > 1 { range_of(next, d.pages, n) } else { (next, next + 1) };
             faults += 1;
             large += (d.pages > 1) as u32;
@@ -157,7 +206,7 @@ mod tests {
         let l = Locality::default();
         // stride: the first page of every 64 KiB block, in order.
         for b in 0..256 {
-            let d = l.decide(b * 16, Hint::Normal, SwapinPolicy::Locality, 16);
+            let d = l.decide(b * 16, Hint::Normal, SwapinPolicy::Locality, 16, true);
             assert_eq!(d, Decision { pages: 1, vetoed: true }, "block {b}");
             l.note_swapin(b * 16 + 1);
         }
@@ -165,7 +214,7 @@ mod tests {
         let l = Locality::default();
         for k in 0..256usize {
             let b = (k * 97) % 256;
-            let d = l.decide(b * 16 + 5, Hint::Normal, SwapinPolicy::Locality, 16);
+            let d = l.decide(b * 16 + 5, Hint::Normal, SwapinPolicy::Locality, 16, true);
             assert_eq!(d.pages, 1);
             l.note_swapin(b * 16 + 6);
         }
@@ -179,7 +228,7 @@ mod tests {
             let b = (k * 37) % 64;
             let mut p = b * 16;
             while p < b * 16 + 16 {
-                let d = l.decide(p, Hint::Normal, SwapinPolicy::Locality, 16);
+                let d = l.decide(p, Hint::Normal, SwapinPolicy::Locality, 16, false);
                 let end = if d.pages > 1 { range_of(p, d.pages, 1024).1 } else { p + 1 };
                 l.note_swapin(end);
                 faults += 1;
@@ -189,17 +238,61 @@ mod tests {
         assert_eq!(faults, 128);
     }
 
+    /// A program reading every page of shuffled 64 KiB blocks, then (from the `sparse_from`th
+    /// block on) one page per block; returns (faults, pages brought in) per phase.
+    fn whole_then_sparse(l: &Locality, blocks: usize, sparse_from: usize) -> [(usize, usize); 2] {
+        let mut out = [(0, 0); 2];
+        for k in 0..blocks {
+            let b = (k * 37) % blocks;
+            let phase = (k >= sparse_from) as usize;
+            let last = if phase == 0 { b * 16 + 16 } else { b * 16 + 1 };
+            let mut p = b * 16;
+            while p < last {
+                let d = l.decide(p, Hint::Normal, SwapinPolicy::Locality, 16, true);
+                let end = if d.pages > 1 { range_of(p, d.pages, blocks * 16).1 } else { p + 1 };
+                l.note_swapin(end);
+                out[phase].0 += 1;
+                // The pages before `p` in its range are in already.
+                out[phase].1 += end - p;
+                p = end;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn shuffled_whole_blocks_learn_to_come_in_with_one_fault() {
+        let l = Locality::default();
+        let [(faults, pages), _] = whole_then_sparse(&l, 1024, 1024);
+        assert_eq!(pages, 1024 * 16, "every page once");
+        // Two faults a block while learning (16 blocks), then one, plus a probe in eight.
+        let want = 1024 + 16 + (1024 - 16) / PROBE_EVERY as usize;
+        assert!(faults <= want + 8, "faults {faults}, want about {want}");
+        assert!(faults >= 1024 + 16, "faults {faults}");
+    }
+
+    #[test]
+    fn whole_block_learning_lets_go_when_access_turns_sparse() {
+        let l = Locality::default();
+        let [_, (faults, pages)] = whole_then_sparse(&l, 4096, 1024);
+        assert_eq!(faults, 3072, "one fault a sparse block");
+        // The probes notice within a few dozen lone faults: few sparse blocks come in
+        // whole (15 pages too many each), the rest one page each.
+        let whole_blocks = (pages - faults) / 15;
+        assert!(whole_blocks <= 128, "{whole_blocks} of 3072 sparse blocks came in whole");
+    }
+
     #[test]
     fn hints_and_policies_decide_alone() {
         let l = Locality::default();
-        assert_eq!(l.decide(7, Hint::Sequential, SwapinPolicy::Locality, 16).pages, 16);
-        assert_eq!(l.decide(7, Hint::Random, SwapinPolicy::Locality, 16), Decision { pages: 1, vetoed: true });
+        assert_eq!(l.decide(7, Hint::Sequential, SwapinPolicy::Locality, 16, false).pages, 16);
+        assert_eq!(l.decide(7, Hint::Random, SwapinPolicy::Locality, 16, false), Decision { pages: 1, vetoed: true });
         l.note_swapin(7);
         // Random vetoes even a stream; order0 and a cap of one page never go large.
-        assert_eq!(l.decide(7, Hint::Random, SwapinPolicy::Locality, 16).pages, 1);
-        assert_eq!(l.decide(7, Hint::Sequential, SwapinPolicy::Order0, 16).pages, 1);
-        assert_eq!(l.decide(7, Hint::Sequential, SwapinPolicy::Locality, 1).pages, 1);
-        assert_eq!(l.decide(9999, Hint::Normal, SwapinPolicy::Always, 64).pages, 64);
+        assert_eq!(l.decide(7, Hint::Random, SwapinPolicy::Locality, 16, false).pages, 1);
+        assert_eq!(l.decide(7, Hint::Sequential, SwapinPolicy::Order0, 16, false).pages, 1);
+        assert_eq!(l.decide(7, Hint::Sequential, SwapinPolicy::Locality, 1, false).pages, 1);
+        assert_eq!(l.decide(9999, Hint::Normal, SwapinPolicy::Always, 64, false).pages, 64);
     }
 
     #[test]
@@ -210,7 +303,7 @@ mod tests {
         let mut large = 0;
         for _ in 0..64 {
             for p in [&mut a, &mut b] {
-                let d = l.decide(*p, Hint::Normal, SwapinPolicy::Locality, 16);
+                let d = l.decide(*p, Hint::Normal, SwapinPolicy::Locality, 16, false);
                 let end = if d.pages > 1 { range_of(*p, d.pages, 1 << 20).1 } else { *p + 1 };
                 large += (d.pages > 1) as u32;
                 l.note_swapin(end);
