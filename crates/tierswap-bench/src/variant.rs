@@ -4,7 +4,8 @@
 //!
 //! Syntax: `ENGINE[:SETTING[:SETTING…]]`, with SETTING one of `policy=locality|order0|always`,
 //! `swapin-max=SIZE` (4K to 2M, a power of two), `readahead=SIZE` (the disk readahead
-//! window's cap, likewise; 4K turns readahead off), and the switches `fault-around`,
+//! window's cap, likewise; 4K turns readahead off), `fault-around-max=SIZE` (first-touch
+//! fault-around's largest window, likewise), and the switches `fault-around`,
 //! `workingset`, `keep-clean`, `encrypt`, `pin` (a fault thread pinned to each CPU), `idle-bg` (the
 //! reclaim and writeback threads under SCHED_IDLE), `batch-release` (evicted blocks'
 //! mirror copies dropped 8 at a time), `learn-blocks` (a lone fault brings its 64 KiB block
@@ -26,7 +27,7 @@ use tierswap::{Compressor, FaultMode, PagerConfig, SwapinPolicy};
 use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
-pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), readahead=SIZE (4K..2M, 4K: off), \
+pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
      [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]learn-blocks, [no-]direct-reclaim, spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, recompress=none|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
@@ -44,6 +45,8 @@ pub enum Override {
     ReadaheadMaxPages(u32),
     /// `fault-around` / `no-fault-around`.
     FaultAround(bool),
+    /// `fault-around-max=SIZE`: first-touch fault-around's largest window, in pages.
+    FaultAroundMaxPages(u32),
     /// `workingset` / `no-workingset`.
     Workingset(bool),
     /// `keep-clean` / `no-keep-clean`.
@@ -87,6 +90,7 @@ impl Override {
             Override::SwapinMaxPages(n) => config.swapin_max_pages = n,
             Override::ReadaheadMaxPages(n) => config.readahead_max_pages = n,
             Override::FaultAround(on) => config.fault_around = on,
+            Override::FaultAroundMaxPages(n) => config.fault_around_max_pages = n,
             Override::Workingset(on) => config.workingset = on,
             Override::KeepClean(on) => config.keep_clean = on,
             Override::Encrypt(on) => config.encrypt = on,
@@ -133,6 +137,8 @@ impl Override {
             "readahead" => {
                 pages_setting(key, value.ok_or_else(|| needs("4K"))?, "4K (off)", "4K").map(Override::ReadaheadMaxPages)
             }
+            "fault-around-max" => pages_setting(key, value.ok_or_else(|| needs("64K"))?, "4K", "256K")
+                .map(Override::FaultAroundMaxPages),
             "fault-around" => switch(Override::FaultAround, true),
             "no-fault-around" => switch(Override::FaultAround, false),
             "workingset" => switch(Override::Workingset, true),
@@ -364,6 +370,8 @@ mod tests {
         assert!(parse("tierswap:pin:idle-bg").unwrap().pager(&base).background_idle);
         assert!(!parse("tierswap:no-batch-release").unwrap().pager(&base).batch_release);
         assert!(!parse("tierswap:no-learn-blocks").unwrap().pager(&base).swapin_learn_blocks);
+        assert_eq!(parse("tierswap:fault-around-max=64K").unwrap().pager(&base).fault_around_max_pages, 16);
+        assert!(parse("tierswap:fault-around-max=3K").is_err());
         assert!(
             parse("tierswap:batch-release")
                 .unwrap()

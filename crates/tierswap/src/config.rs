@@ -19,6 +19,10 @@ pub const DEFAULT_BACKGROUND_NICE: i32 = 0;
 pub const DEFAULT_DIRECT_RECLAIM: bool = false;
 /// Whether fault threads are pinned one per CPU by default (see `PagerConfig::fault_pin`).
 pub const DEFAULT_FAULT_PIN: bool = true;
+/// First-touch fault-around's default largest window, in pages (256 KiB).
+pub const DEFAULT_FAULT_AROUND_MAX_PAGES: u32 = 64;
+/// First-touch fault-around's largest window allowed, in pages (2 MiB).
+pub const MAX_FAULT_AROUND_PAGES: usize = 512;
 /// Largest swap-in a user may ask for: 2 MiB.
 pub const MAX_SWAPIN_PAGES: u32 = 512;
 
@@ -241,6 +245,11 @@ pub struct PagerConfig {
     pub swapin_learn_blocks: bool,
     /// Map staged neighbours of a faulting page in the same call (fault-around).
     pub fault_around: bool,
+    /// First-touch fault-around's largest window, in pages (a power of two, 1 to
+    /// [`MAX_FAULT_AROUND_PAGES`]; default 64, 256 KiB): a program filling memory in order
+    /// gets 64 KiB mapped with its fault, then twice as much each fault while it goes on,
+    /// up to this and to 1/64 of the budget.
+    pub fault_around_max_pages: u32,
     /// Workingset detection: evicted pages keep an eviction time, and a page refaulted
     /// soon after its eviction is activated at once.
     pub workingset: bool,
@@ -357,6 +366,7 @@ impl Default for PagerConfig {
             swapin_max_pages: DEFAULT_SWAPIN_MAX_PAGES,
             swapin_learn_blocks: true,
             fault_around: true,
+            fault_around_max_pages: DEFAULT_FAULT_AROUND_MAX_PAGES,
             workingset: true,
             keep_clean: true,
             encrypt: true,

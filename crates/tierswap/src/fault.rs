@@ -17,6 +17,7 @@ use crate::backend::file::{record_bytes, AlignedBuf, Served, UnitCache};
 use crate::backend::pool::PoolHandle;
 use crate::backend::remote::RemotePrefetch;
 use crate::backend::zero::fill_pattern;
+use crate::config::MAX_FAULT_AROUND_PAGES;
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
 use crate::pager::{Lookup, RegionInner, Shared};
 use crate::pagetable::{Pte, PteState};
@@ -1016,18 +1017,24 @@ fn install_zero(s: &Shared, addr: usize, write: bool, dontwake: bool) -> bool {
 }
 
 /// First-touch fault-around: when a first-touch fault at `idx` continues the region's
-/// last one (a program filling memory in order), the untouched pages after it, up to 64 KiB,
-/// are mapped in the same call: zeroed pages of their own for a write (the writes that
-/// follow take no fault), the zero page for a read. Returns how many; `idx` itself is
-/// installed and locked by the caller.
+/// last one (a program filling memory in order), the untouched pages after it are mapped in
+/// the same call: zeroed pages of their own for a write (the writes that follow take no
+/// fault), the zero page for a read. The window is 64 KiB to start with and doubles while
+/// the fill goes on in order, up to `fault_around_max_pages`. Returns how many pages were
+/// mapped after `idx`; `idx` itself is installed and locked by the caller.
 fn first_touch_around(s: &Shared, r: &RegionInner, idx: usize, write: bool) -> usize {
     let in_order = r.first_touch_next.load(Ordering::Relaxed) == idx;
     if !in_order || !s.config.fault_around {
         r.first_touch_next.store(idx + 1, Ordering::Relaxed);
+        r.first_touch_window.store(0, Ordering::Relaxed);
         return 0;
     }
-    let to = (idx + BLOCK_PAGES).min(r.n_pages);
-    let mut olds = [Pte::NONE; BLOCK_PAGES];
+    let budget_pages = (s.budget() / PAGE_SIZE as u64) as usize;
+    let max = (s.config.fault_around_max_pages as usize).min(budget_pages / 64).clamp(1, MAX_FAULT_AROUND_PAGES);
+    let window = (r.first_touch_window.load(Ordering::Relaxed) * 2).clamp(BLOCK_PAGES.min(max), max);
+    r.first_touch_window.store(window, Ordering::Relaxed);
+    let to = (idx + window).min(r.n_pages);
+    let mut olds = [Pte::NONE; MAX_FAULT_AROUND_PAGES];
     let mut end = idx + 1;
     while end < to {
         let Some(p) = r.ptes.try_lock_in(end, PteState::None) else { break };
@@ -1040,21 +1047,29 @@ fn first_touch_around(s: &Shared, r: &RegionInner, idx: usize, write: bool) -> u
         r.first_touch_next.store(idx + 1, Ordering::Relaxed);
         return 0;
     }
+    // Installed a 64 KiB block at a time: one zeroed source serves every chunk.
     static ZEROS: [u8; BLOCK_PAGES * PAGE_SIZE] = [0; BLOCK_PAGES * PAGE_SIZE];
-    let (addr, len) = (r.page_addr(idx + 1), n * PAGE_SIZE);
-    let res = if write { s.uffd.copy(addr, &ZEROS[..len], true, false) } else { s.uffd.zeropage(addr, len, true) };
-    // A partial install (the range going away, a page the kernel has already) leaves the
-    // rest untouched: they fault on their own.
-    let done = match res {
-        Ok(bytes) => bytes / PAGE_SIZE,
-        Err(
-            uffd::Error::PageExist { done_bytes, .. }
-            | uffd::Error::Again { done_bytes, .. }
-            | uffd::Error::NoPage { done_bytes, .. },
-        ) => done_bytes / PAGE_SIZE,
-        Err(_) => 0,
+    let mut done = 0;
+    while done < n {
+        let chunk = (n - done).min(BLOCK_PAGES);
+        let (addr, len) = (r.page_addr(idx + 1 + done), chunk * PAGE_SIZE);
+        let res = if write { s.uffd.copy(addr, &ZEROS[..len], true, false) } else { s.uffd.zeropage(addr, len, true) };
+        // A partial install (the range going away, a page the kernel has already) leaves
+        // the rest untouched: they fault on their own.
+        let (got, whole) = match res {
+            Ok(bytes) => (bytes / PAGE_SIZE, bytes == len),
+            Err(
+                uffd::Error::PageExist { done_bytes, .. }
+                | uffd::Error::Again { done_bytes, .. }
+                | uffd::Error::NoPage { done_bytes, .. },
+            ) => (done_bytes / PAGE_SIZE, false),
+            Err(_) => (0, false),
+        };
+        done += got.min(chunk);
+        if !whole {
+            break;
+        }
     }
-    .min(n);
     for k in idx + 1..idx + 1 + done {
         r.ptes.unlock(k, olds[k - idx - 1], Pte::present());
     }

@@ -117,6 +117,8 @@ pub(crate) struct RegionInner {
     /// Where a first-touch fault would continue the last one's run (first-touch
     /// fault-around; `usize::MAX`: none yet).
     pub(crate) first_touch_next: AtomicUsize,
+    /// First-touch fault-around's window, in pages (0: none yet).
+    pub(crate) first_touch_window: AtomicUsize,
     /// Registered for write-protect faults: pages may come back clean, keeping their slot.
     pub(crate) clean_tracking: bool,
     /// Owned by the program (munmap tears it down), not by a [`Region`] handle.
@@ -609,6 +611,7 @@ impl Shared {
             ra: Readahead::default(),
             locality: Locality::default(),
             first_touch_next: AtomicUsize::new(usize::MAX),
+            first_touch_window: AtomicUsize::new(0),
             clean_tracking: mode.wp,
             detached,
             extents: AtomicUsize::new(0),

@@ -169,24 +169,40 @@ fn mixed_ranges_are_served_across_backends() {
     assert!(c.faults_swapped - before.faults_swapped < (n / 4) as u64, "{c:?}");
 }
 
+/// First-touch faults of a program writing `n` pages in order: the first alone, then a
+/// window of 16 pages doubling up to `max`.
+fn first_touch_faults(n: usize, fault_around: bool, max: usize) -> usize {
+    if !fault_around {
+        return n;
+    }
+    let (mut faults, mut next, mut window) = (1, 1, 0);
+    while next < n {
+        faults += 1;
+        window = (window * 2).clamp(16.min(max), max);
+        next += window;
+    }
+    faults
+}
+
 #[test]
 fn first_touch_in_order_maps_the_next_pages_in_the_same_fault() {
-    for (mode, on) in
-        [(tierswap::FaultMode::Thread, true), (tierswap::FaultMode::Signal, true), (tierswap::FaultMode::Thread, false)]
-    {
+    use tierswap::FaultMode::{Signal, Thread};
+    for (mode, on, max) in [(Thread, true, 64), (Signal, true, 64), (Thread, false, 64), (Thread, true, 16)] {
         let n = 1024;
         let p = pager("zero,pool", |c| {
             c.fault_around = on;
             c.fault_mode = mode;
+            c.fault_around_max_pages = max;
         });
-        // Written in order: the first fault is alone, then each takes the next 15 pages.
+        // Written in order: the first fault is alone, the next maps 16 pages, and each one
+        // after twice as many as the last, up to `max` (the 64 MiB budget allows 256).
         let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
         let mem = r.as_mut_slice();
         for pg in 0..n {
             fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 7);
         }
         let c = p.stats().counters;
-        let want_faults = if on { 1 + (n - 1).div_ceil(16) } else { n };
+        let want_faults = first_touch_faults(n, on, max as usize);
         assert_eq!(c.faults_first_touch, want_faults as u64, "{mode:?} on {on}: {c:?}");
         assert_eq!(c.faults_first_touch + c.fault_around_pages, n as u64, "every page mapped once: {c:?}");
         assert!((0..n).all(|pg| page_ok(r.as_slice(), pg, 7)), "{mode:?}: written bytes");
