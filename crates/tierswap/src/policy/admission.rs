@@ -84,7 +84,12 @@ impl Locality {
             }
             return Decision { pages: 1, vetoed: true };
         }
-        if learn && self.after_lone.swap(0, Ordering::Relaxed) == idx + 1 {
+        // A plain load first: a stream's every fault passes here, and only the one right
+        // after a lone fault needs to write.
+        if learn
+            && self.after_lone.load(Ordering::Relaxed) == idx + 1
+            && self.after_lone.swap(0, Ordering::Relaxed) == idx + 1
+        {
             self.followed.fetch_add(1, Ordering::Relaxed);
         }
         let prev = self.window.load(Ordering::Relaxed);
