@@ -20,8 +20,15 @@
 //!   such a stale install and the move-out, a thread of the program could read the old
 //!   bytes after its madvise returned; it takes a second thread touching the page while
 //!   it is being discarded.)
-//! - A new region enters the map under the event lock: the kernel may reuse an address
-//!   whose UNMAP event was read (so munmap returned) but is still being handled.
+//! - A new region enters the map under the event lock, and only once no old extent
+//!   overlaps it (`Shared::claim_range`): the kernel queues UNMAP / REMAP only after it let
+//!   go of the range, so another thread can map the address again before the event is read,
+//!   or while it is being handled. The new region would otherwise be cut by the old event,
+//!   and an mremap's swapped pages would follow it instead of the moved range (they read as
+//!   zeros: tests/address_reuse.rs). The kernel follows a REMAP with an UNMAP of the old
+//!   range, so that range stays claimed until then too ([`RemappedFrom`]). Left open: the same reuse by a *REMAP's* new range
+//!   (the handler cannot wait for the events queued behind it), which needs a thread
+//!   preempted between its munmap's unlock and the queueing of its event.
 //! - Installs into the program's range fail with EAGAIN while an event is queued; the
 //!   fault path leaves such pages as they were and wakes the thread, which faults again.
 //! - Reclaim and writeback: they hold the pte lock (reclaim) or the swap entry lock
@@ -37,7 +44,8 @@
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::fault::put_slot;
 use crate::page::{pages_to_bytes, BLOCK_PAGES, PAGE_SIZE};
@@ -56,6 +64,35 @@ pub(crate) const PROGRAM_FEATURES: u64 = features::MOVE
     | features::EVENT_REMAP
     | features::EVENT_FORK
     | features::THREAD_ID;
+
+/// The old ranges of mremaps whose trailing UNMAP is not handled yet. The kernel follows a
+/// REMAP with an UNMAP of the range the mapping left, queued once the REMAP is read: a
+/// region entered there in between would be cut by it (`Shared::claim_range` waits).
+#[derive(Debug, Default)]
+pub(crate) struct RemappedFrom(Mutex<Vec<(usize, usize, Instant)>>);
+
+impl RemappedFrom {
+    /// How long a range waits for its UNMAP. None comes for MREMAP_DONTUNMAP, whose old
+    /// range stays mapped (so no new mapping can be made there anyway).
+    pub(crate) const WAIT: Duration = Duration::from_secs(5);
+
+    /// An mremap moved `[start, end)` away (its REMAP is being handled).
+    pub(crate) fn moved(&self, start: usize, end: usize, now: Instant) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push((start, end, now));
+    }
+
+    /// `[start, end)` was unmapped: the old ranges it overlaps have had their UNMAP.
+    pub(crate) fn unmapped(&self, start: usize, end: usize) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).retain(|&(a, b, _)| b <= start || end <= a);
+    }
+
+    /// Whether `[start, end)` overlaps an old range still waiting for its UNMAP.
+    pub(crate) fn pending(&self, start: usize, end: usize, now: Instant) -> bool {
+        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|&(_, _, t)| now.saturating_duration_since(t) < Self::WAIT);
+        v.iter().any(|&(a, b, _)| a < end && start < b)
+    }
+}
 
 /// Handles one non-fault event. The caller holds `event_lock`.
 pub(crate) fn handle_event(s: &Arc<Shared>, ev: Event) {
@@ -89,7 +126,8 @@ fn remove(s: &Shared, start: usize, end: usize) {
 }
 
 /// munmap of `[start, end)`: the range is gone already.
-fn unmap(s: &Shared, start: usize, end: usize) {
+pub(crate) fn unmap(s: &Shared, start: usize, end: usize) {
+    s.remapped_from.unmapped(start, end);
     let pieces = s.regions.write().unwrap_or_else(|e| e.into_inner()).cut(start, end);
     for p in pieces {
         discard(s, &p.region, p.lo, p.hi, false);
@@ -240,6 +278,7 @@ fn present_runs(addr: usize, n_pages: usize) -> Vec<(usize, usize)> {
 /// mremap moved `[from, from + len)` to `to`: the kernel moved the present pages; staged
 /// and swapped pages follow here, into a new region per piece of the old range.
 fn remap(s: &Shared, from: usize, to: usize, len: usize) {
+    s.remapped_from.moved(from, from + len, Instant::now());
     let pieces = s.regions.write().unwrap_or_else(|e| e.into_inner()).cut(from, from + len);
     for p in pieces {
         let r = &p.region;
@@ -636,5 +675,27 @@ fn serve_child_fault(s: &Shared, child: &mut Child, addr: usize, write: bool, sc
         Err(_) => {
             let _ = child.uffd.wake(page_addr, PAGE_SIZE);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RemappedFrom;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_moved_range_is_pending_until_an_unmap_over_it_or_the_wait_ends() {
+        let t0 = Instant::now();
+        let r = RemappedFrom::default();
+        r.moved(0x10000, 0x20000, t0);
+        r.moved(0x50000, 0x60000, t0);
+        assert!(r.pending(0x1f000, 0x30000, t0), "overlaps the first");
+        assert!(!r.pending(0x20000, 0x50000, t0), "between the two: touches neither");
+        r.unmapped(0x18000, 0x19000);
+        assert!(!r.pending(0x10000, 0x20000, t0), "an UNMAP over part of it ends the wait");
+        assert!(r.pending(0x50000, 0x51000, t0), "the other still waits");
+        assert!(r.pending(0x50000, 0x51000, t0 + RemappedFrom::WAIT - Duration::from_millis(1)));
+        assert!(!r.pending(0x50000, 0x51000, t0 + RemappedFrom::WAIT), "no UNMAP came: forgotten");
+        assert!(!r.pending(0x50000, 0x51000, t0), "and gone for good");
     }
 }

@@ -28,6 +28,7 @@ use thiserror::Error;
 use crate::backend::file::FileTier;
 use crate::backend::pool::Pool;
 use crate::config::{ConfigError, FaultMode, Hint, PagerConfig};
+use crate::forkgate::Busy;
 use crate::page::{pages_for, pages_to_bytes, PAGE_SIZE};
 use crate::pagetable::{PageTable, PteState};
 use crate::policy::admission::Locality;
@@ -91,6 +92,13 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
 
 /// Largest region: 64 TiB.
 const MAX_REGION_BYTES: usize = 64 << 40;
+/// How long a new mapping waits for the event of the mapping the kernel had at its address
+/// before (`Shared::claim_range`); fault threads read events between faults, so this is
+/// reached only when none can read for that long.
+const STALE_EXTENT_PATIENCE: Duration = Duration::from_secs(60);
+
+/// What `Shared::claim_range` holds: a busy section (forkgate.rs) and the event lock.
+type Claim<'a> = (Busy, std::sync::MutexGuard<'a, ()>);
 
 /// One managed range and its mirror.
 pub(crate) struct RegionInner {
@@ -283,6 +291,8 @@ pub(crate) struct Shared {
     pub(crate) mirror_uffd: Uffd,
     /// Held while reading `uffd` and handling the events read (see [`crate::events`]).
     pub(crate) event_lock: Mutex<()>,
+    /// Old ranges of mremaps whose trailing UNMAP is still to come.
+    pub(crate) remapped_from: crate::events::RemappedFrom,
     pub(crate) config: PagerConfig,
     pub(crate) regions: RwLock<RegionMap>,
     pub(crate) swap: SwapSpace,
@@ -555,14 +565,55 @@ impl Shared {
             let _ = self.uffd.unregister(start, len);
             undo(e)
         })?;
-        // The kernel may hand out an address the program unmapped a moment ago, whose
-        // UNMAP event a fault thread read (letting munmap return) but is still handling:
-        // enter the new region only after that, or the old event would cut it.
-        // Busy (forkgate.rs): the insert allocates under the event lock.
-        let _busy = crate::forkgate::enter();
-        let _ev = self.event_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let (_busy, _ev) = match self.claim_range(start, start + len, STALE_EXTENT_PATIENCE) {
+            Ok(held) => held,
+            Err(held) => {
+                // No event came for the old mapping in all that time, yet the kernel gave
+                // its address to us: it is gone. Let go of it as its UNMAP would.
+                eprintln!(
+                    "tierswap: the pager still had {:#x}+{len} from a mapping that is gone and no event came for it in {} s; dropping it (a late event could still cut the new mapping there)",
+                    start,
+                    STALE_EXTENT_PATIENCE.as_secs()
+                );
+                crate::events::unmap(self, start, start + len);
+                held
+            }
+        };
         self.regions.write().unwrap_or_else(|e| e.into_inner()).insert(r.clone());
         Ok(r)
+    }
+
+    /// Takes the event lock with no extent of the map overlapping `[start, end)`, for the
+    /// caller to enter a region there; with a busy section (forkgate.rs), as the insert
+    /// allocates under the lock. `Err` carries the same locks with the overlap still there
+    /// after `patience`.
+    ///
+    /// The kernel hands out an address only once nothing is mapped there, but it queues the
+    /// UNMAP or REMAP event of the mapping that was there only after letting go of it, and
+    /// the program's munmap / mremap returns once a fault thread has *read* that event. So
+    /// another thread can map the address again while the old region still holds it in our
+    /// map: the event not read yet, or read and still being handled. Entering the new region
+    /// then would let the old event cut it, and an mremap's swapped pages would follow the
+    /// new, empty region (they read as zeros). An overlap here is such an event on its way:
+    /// wait for it, holding nothing a fault thread needs.
+    fn claim_range(&self, start: usize, end: usize, patience: Duration) -> std::result::Result<Claim<'_>, Claim<'_>> {
+        let t0 = Instant::now();
+        loop {
+            let busy = crate::forkgate::enter();
+            let ev = self.event_lock.lock().unwrap_or_else(|e| e.into_inner());
+            let stale = !self.regions.read().unwrap_or_else(|e| e.into_inner()).overlapping(start, end).is_empty()
+                || self.remapped_from.pending(start, end, Instant::now());
+            if !stale {
+                return Ok((busy, ev));
+            }
+            if t0.elapsed() >= patience {
+                return Err((busy, ev));
+            }
+            drop(ev);
+            drop(busy);
+            self.counters.stale_extent_waits.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 
     /// A region over the program range at `start` (mapped and registered already), with a
@@ -794,6 +845,7 @@ impl Pager {
             uffd,
             mirror_uffd,
             event_lock: Mutex::new(()),
+            remapped_from: Default::default(),
             config,
             regions: RwLock::new(RegionMap::default()),
             swap,
@@ -898,11 +950,11 @@ impl Pager {
             return Err(bad);
         }
         let s = &self.shared;
-        let _busy = crate::forkgate::enter();
-        let _ev = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
-        if !s.regions.read().unwrap_or_else(|e| e.into_inner()).overlapping(addr, addr + len_bytes).is_empty() {
+        // An extent there is either a mapping whose UNMAP / REMAP is on its way (wait it
+        // out, see `claim_range`) or managed memory the caller got wrong.
+        let Ok((_busy, _ev)) = s.claim_range(addr, addr + len_bytes, Duration::from_secs(2)) else {
             return Err(bad);
-        }
+        };
         // The tail inherited the registration of the mapping in front of it.
         let (hint, wp) = match s.lookup(addr - PAGE_SIZE) {
             Lookup::Region(r, _) => (r.hint, r.clean_tracking),
@@ -1207,6 +1259,12 @@ impl Drop for Region {
             }
             extents
         };
+        // Reclaim may be staging pages of this range now (it locked them before the cut):
+        // let it finish before the range goes. A move out of the range after the munmap
+        // would take a page of whatever the kernel maps there next. Reclaim skips a dead
+        // region from here on.
+        r.dead.store(true, Ordering::SeqCst);
+        drop(r.reclaim_lock.write().unwrap_or_else(|e| e.into_inner()));
         for (a, b) in extents {
             // Unregistered first, so the munmap raises no UNMAP event.
             let _ = s.uffd.unregister(a, b - a);

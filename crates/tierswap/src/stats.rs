@@ -152,6 +152,9 @@ counters! {
     event_remap,
     /// fork of a process with managed memory (userfaultfd FORK).
     event_fork,
+    /// Waits (200 µs each) of a new mapping for the UNMAP / REMAP event of the mapping the
+    /// kernel had at its address before, still in the pager's map (`Shared::claim_range`).
+    stale_extent_waits,
     /// Pages of forked children served from the parent's swap.
     child_faults,
     /// Faults on registered memory the pager does not manage (the part an mremap grew),
