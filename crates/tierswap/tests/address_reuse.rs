@@ -116,16 +116,32 @@ fn stall_the_fault_thread(p: &Pager, busy: usize) -> std::thread::JoinHandle<()>
     toucher
 }
 
-#[test]
-fn a_mapping_made_where_an_mremap_left_does_not_take_the_moved_pages() {
-    let _g = serial();
+/// A pager, a one-page mapping for [`stall_the_fault_thread`], and a mapping of [`PAGES`]
+/// pages filled with `salt` and swapped out: only the pager's page table knows its bytes
+/// (the kernel moves present pages itself).
+fn swapped_out_mapping(salt: u64) -> (Pager, usize, usize) {
     let p = pager();
     let busy = p.map_detached(PAGE, Hint::Normal).unwrap() as usize;
     let old = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
-    fill(old, 7);
-    // Swapped out, so only the pager's page table knows the bytes (the kernel moves
-    // present pages itself).
+    fill(old, salt);
     assert!(p.evict_all() >= PAGES);
+    (p, busy, old)
+}
+
+/// Once the kernel has let go of `old` (its event still unread: the fault thread stalls),
+/// stops stalling and maps memory again, where the kernel puts it: at `old`.
+fn map_again_where(p: &Pager, old: usize) -> usize {
+    wait_until("the old range is gone", || !is_mapped(old));
+    inject::clear();
+    let again = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
+    assert_eq!(again, old, "the kernel hands the freed address out again (the case under test)");
+    again
+}
+
+#[test]
+fn a_mapping_made_where_an_mremap_left_does_not_take_the_moved_pages() {
+    let _g = serial();
+    let (p, busy, old) = swapped_out_mapping(7);
     // The move's destination, replaced by mremap.
     let to = reserve(PAGES * PAGE);
 
@@ -148,13 +164,9 @@ fn a_mapping_made_where_an_mremap_left_does_not_take_the_moved_pages() {
             moved.store(1, Ordering::SeqCst);
         })
     };
-    // The kernel has moved the range (the old address is free) but the REMAP event is
-    // unread: mremap has not returned.
     wait_until("the old range is gone", || !is_mapped(old));
-    assert_eq!(moved.load(Ordering::SeqCst), 0, "mremap returned before its event was read");
-    inject::clear();
-    let again = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
-    assert_eq!(again, old, "the kernel hands the freed address out again (the case under test)");
+    assert_eq!(moved.load(Ordering::SeqCst), 0, "mremap returned before its REMAP was read");
+    let again = map_again_where(&p, old);
     mover.join().unwrap();
     toucher.join().unwrap();
     sync_events(&p);
@@ -180,11 +192,7 @@ fn a_mapping_made_where_an_mremap_left_does_not_take_the_moved_pages() {
 #[test]
 fn a_mapping_made_where_a_munmap_left_stays_managed_and_the_old_slots_are_freed() {
     let _g = serial();
-    let p = pager();
-    let busy = p.map_detached(PAGE, Hint::Normal).unwrap() as usize;
-    let old = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
-    fill(old, 3);
-    assert!(p.evict_all() >= PAGES);
+    let (p, busy, old) = swapped_out_mapping(3);
     assert_eq!(p.stats().swap_slots, PAGES as u64);
 
     let toucher = stall_the_fault_thread(&p, busy);
@@ -193,10 +201,7 @@ fn a_mapping_made_where_a_munmap_left_stays_managed_and_the_old_slots_are_freed(
         let r = unsafe { libc::munmap(old as *mut libc::c_void, PAGES * PAGE) };
         assert_eq!(r, 0, "munmap: {}", std::io::Error::last_os_error());
     });
-    wait_until("the old range is gone", || !is_mapped(old));
-    inject::clear();
-    let again = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
-    assert_eq!(again, old, "the kernel hands the freed address out again (the case under test)");
+    let again = map_again_where(&p, old);
     unmapper.join().unwrap();
     toucher.join().unwrap();
     sync_events(&p);
