@@ -72,14 +72,46 @@ pub fn write_plots(dir: &Path, title: &str, summaries: &[Summary]) -> Result<Vec
 
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
 
+/// Heading font sizes: the workload's name, then the lab's settings.
+const NAME_PX: u32 = 20;
+const SETTINGS_PX: u32 = 13;
+/// One engine label line below a bar.
+const LABEL_LINE_PX: u32 = 18;
+
+/// `text` broken at ", " into lines of at most `max_chars` characters.
+fn wrap(text: &str, max_chars: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for part in text.split(", ") {
+        match lines.last_mut() {
+            Some(line) if line.chars().count() + 2 + part.chars().count() <= max_chars => {
+                line.push_str(", ");
+                line.push_str(part);
+            }
+            _ => lines.push(part.to_string()),
+        }
+    }
+    lines
+}
+
 fn draw(path: &Path, title: &str, rows: &[&Summary], variants: &[&str]) -> DrawResult {
     // About 140 px per bar in each of the two panels, so labels stay apart.
     let width = 1200.max(rows.len() as u32 * 280 + 160);
-    let label_lines = rows.iter().map(|s| s.engine.split(':').count()).max().unwrap_or(1);
-    let root = BitMapBackend::new(path, (width, 480 + 20 * label_lines as u32)).into_drawing_area();
+    let label_lines = rows.iter().map(|s| s.engine.split(':').count()).max().unwrap_or(1) as u32;
+    // "workload — settings": the name large, the settings wrapped below it (a 13 px
+    // character is about 7 px wide).
+    let (name, settings) = title.split_once(" — ").unwrap_or((title, ""));
+    let settings = wrap(settings, (width as usize - 40) / 7);
+    let head_px = 12 + NAME_PX + 6 + settings.len() as u32 * (SETTINGS_PX + 4);
+    let strip_px = 8 + label_lines * LABEL_LINE_PX;
+    let root = BitMapBackend::new(path, (width, head_px + 440 + strip_px)).into_drawing_area();
     root.fill(&WHITE)?;
-    let root = root.titled(title, ("sans-serif", 18))?;
-    let panels = root.split_evenly((1, 2));
+    let (head, body) = root.split_vertically(head_px);
+    head.draw(&Text::new(name.to_string(), (20, 10), ("sans-serif", NAME_PX).into_font()))?;
+    for (k, line) in settings.iter().enumerate() {
+        let y = 16 + NAME_PX + k as u32 * (SETTINGS_PX + 4);
+        head.draw(&Text::new(line.clone(), (20, y as i32), ("sans-serif", SETTINGS_PX).into_font()))?;
+    }
+    let panels = body.split_evenly((1, 2));
     let metrics: [(&str, fn(&Summary) -> (f64, f64, f64)); 2] = [
         ("refault time (s), median and min–max", |s| (s.refault_s.median, s.refault_s.min, s.refault_s.max)),
         ("µs per refaulted page", |s| {
@@ -89,22 +121,20 @@ fn draw(path: &Path, title: &str, rows: &[&Summary], variants: &[&str]) -> DrawR
     for (panel, (label, get)) in panels.iter().zip(metrics) {
         let top = rows.iter().map(|s| get(s).2).fold(0.0f64, f64::max).max(1e-9) * 1.15;
         let n = rows.len();
-        let bottom = -top * (0.04 + 0.05 * label_lines as f64);
-        let mut chart = ChartBuilder::on(panel)
+        // The chart starts at 0; the engines' names go in a strip of their own below it.
+        let (upper, strip) = panel.split_vertically(panel.dim_in_pixel().1 - strip_px);
+        let mut chart = ChartBuilder::on(&upper)
             .margin(16)
+            .margin_bottom(4)
             .caption(label, ("sans-serif", 17))
-            .x_label_area_size(8)
+            .x_label_area_size(4)
             .y_label_area_size(64)
-            .build_cartesian_2d(0f64..n as f64, bottom..top)?;
+            .build_cartesian_2d(0f64..n as f64, 0f64..top)?;
         chart
             .configure_mesh()
             .disable_x_mesh()
             .disable_x_axis()
-            .y_label_formatter(&|y| match *y {
-                y if y < 0.0 => String::new(),
-                y if top >= 10.0 => format!("{y:.0}"),
-                y => format!("{y:.3}"),
-            })
+            .y_label_formatter(&|y| if top >= 10.0 { format!("{y:.0}") } else { format!("{y:.3}") })
             .y_label_style(("sans-serif", 14))
             .draw()?;
         for (i, s) in rows.iter().enumerate() {
@@ -126,16 +156,27 @@ fn draw(path: &Path, title: &str, rows: &[&Summary], variants: &[&str]) -> DrawR
                 (i as f64 + 0.18, hi + top * 0.035),
                 ("sans-serif", 15).into_font(),
             )))?;
-            // One line per ':'-part: "tierswap" over "policy=order0".
+            // One line per ':'-part: "tierswap" over "policy=order0", under the bar's left edge.
+            let x = chart.backend_coord(&(i as f64 + 0.18, 0.0)).0 - strip.get_base_pixel().0;
             for (k, part) in s.engine.split(':').enumerate() {
-                chart.draw_series(std::iter::once(Text::new(
-                    part.to_string(),
-                    (i as f64 + 0.18, -top * (0.02 + 0.05 * k as f64)),
-                    ("sans-serif", 15).into_font(),
-                )))?;
+                let y = 4 + k as u32 * LABEL_LINE_PX;
+                strip.draw(&Text::new(part.to_string(), (x, y as i32), ("sans-serif", 15).into_font()))?;
             }
         }
     }
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wrap;
+
+    #[test]
+    fn wrap_breaks_at_commas_within_the_width() {
+        let lines = wrap("size 1024 MiB, budget 256 MiB, tiers zero,pool,file, compressor lz4", 32);
+        assert_eq!(lines, ["size 1024 MiB, budget 256 MiB", "tiers zero,pool,file", "compressor lz4"]);
+        assert_eq!(wrap("one", 2), ["one"], "a part longer than the width stands alone");
+        assert_eq!(wrap("", 10), [""]);
+    }
 }
