@@ -8,7 +8,8 @@
 //! fault-around's largest window, likewise), and the switches `fault-around`,
 //! `workingset`, `keep-clean`, `encrypt`, `pin` (a fault thread pinned to each CPU), `idle-bg` (the
 //! reclaim and writeback threads under SCHED_IDLE), `batch-release` (evicted blocks'
-//! mirror copies dropped 8 at a time), `learn-blocks` (a lone fault brings its 64 KiB block
+//! mirror copies dropped 8 at a time), `batch-stage` (up to 16 blocks staged per move),
+//! `learn-blocks` (a lone fault brings its 64 KiB block
 //! in whole once blocks are seen read whole), `direct-reclaim` (a fault thread
 //! waiting for room evicts itself), each
 //! also as `no-…`, `spin=US`, `nice=N` (the
@@ -28,7 +29,7 @@ use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]learn-blocks, [no-]direct-reclaim, spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, recompress=none|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]learn-blocks, [no-]direct-reclaim, spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, recompress=none|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
@@ -57,6 +58,8 @@ pub enum Override {
     IdleBackground(bool),
     /// `batch-release` / `no-batch-release`: evicted blocks dropped 8 at a time.
     BatchRelease(bool),
+    /// `batch-stage` / `no-batch-stage`: up to 16 blocks of a 2 MiB chunk staged per move.
+    BatchStage(bool),
     /// `learn-blocks` / `no-learn-blocks`: a lone fault brings its block in whole once
     /// blocks are seen read whole.
     LearnBlocks(bool),
@@ -97,6 +100,7 @@ impl Override {
             Override::Pin(on) => config.fault_pin = on,
             Override::IdleBackground(on) => config.background_idle = on,
             Override::BatchRelease(on) => config.batch_release = on,
+            Override::BatchStage(on) => config.batch_stage = on,
             Override::LearnBlocks(on) => config.swapin_learn_blocks = on,
             Override::DirectReclaim(on) => config.direct_reclaim = on,
             Override::SpinUs(us) => config.fault_spin_us = us,
@@ -149,6 +153,8 @@ impl Override {
             "no-idle-bg" => switch(Override::IdleBackground, false),
             "batch-release" => switch(Override::BatchRelease, true),
             "no-batch-release" => switch(Override::BatchRelease, false),
+            "batch-stage" => switch(Override::BatchStage, true),
+            "no-batch-stage" => switch(Override::BatchStage, false),
             "learn-blocks" => switch(Override::LearnBlocks, true),
             "no-learn-blocks" => switch(Override::LearnBlocks, false),
             "direct-reclaim" => switch(Override::DirectReclaim, true),
@@ -369,6 +375,11 @@ mod tests {
         assert!(parse("tierswap:pin=1").is_err());
         assert!(parse("tierswap:pin:idle-bg").unwrap().pager(&base).background_idle);
         assert!(!parse("tierswap:no-batch-release").unwrap().pager(&base).batch_release);
+        let both = parse("tierswap:batch-release:batch-stage").unwrap().pager(&base);
+        assert!(both.batch_release && both.batch_stage);
+        let stage = parse("tierswap:batch-stage").unwrap().pager(&base);
+        assert!(stage.batch_stage && !stage.batch_release, "each switch sets its own half");
+        assert!(!parse("tierswap:no-batch-stage").unwrap().pager(&stage).batch_stage);
         assert!(!parse("tierswap:no-learn-blocks").unwrap().pager(&base).swapin_learn_blocks);
         assert_eq!(parse("tierswap:fault-around-max=64K").unwrap().pager(&base).fault_around_max_pages, 16);
         assert!(parse("tierswap:fault-around-max=3K").is_err());

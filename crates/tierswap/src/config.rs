@@ -282,12 +282,19 @@ pub struct PagerConfig {
     /// thread on that same CPU. Takes effect with one fault thread per CPU (the default).
     pub fault_pin: bool,
     /// Reclaim drops the mirror copies of evicted pages 8 blocks at a time, with one
-    /// process_madvise (adjacent blocks merged into one range), and stages up to 16 blocks
-    /// of a 2 MiB chunk per UFFDIO_MOVE: one TLB shootdown of the program's CPU instead of
-    /// one per block. Off by default: in two labs it made the sparse workloads 12–26 %
-    /// slower, and what it speeds up is as fast as the kernel's without it (README, the
-    /// lab). Measure it with the lab variant `batch-release`.
+    /// process_madvise (adjacent blocks merged into one range): one TLB shootdown of the
+    /// program's CPU instead of one per block: refault 1.09× as fast on usama_1g, 1.18×
+    /// on samefill, the sparse workloads within their spread (`docs/lab/batch-split`).
+    /// Off by default: with it on (and `batch_stage` off) the events stress read zeros
+    /// back in 2 of 23 runs, pages whose pte said present but whose page was gone from
+    /// the program's range (RELIABILITY.md, known issues). Lab variant `[no-]batch-release`.
     pub batch_release: bool,
+    /// Reclaim stages up to 16 blocks of a 2 MiB chunk per UFFDIO_MOVE (one per run of
+    /// present pages) instead of one block per move. Off by default: it made
+    /// random64_sparse 12 % slower (`docs/lab/batch-split`), and 24–26 % with
+    /// `batch_release` in three labs (which called the pair `batch-release`). Lab variant
+    /// `[no-]batch-stage`.
+    pub batch_stage: bool,
     /// The remote tier below the pool (pool writeback goes there first), if any.
     pub remote: Option<RemoteConfig>,
     /// Who serves a fault: a fault thread woken by the userfaultfd, or the faulting thread
@@ -377,6 +384,7 @@ impl Default for PagerConfig {
             background_nice: DEFAULT_BACKGROUND_NICE,
             fault_pin: DEFAULT_FAULT_PIN,
             batch_release: false,
+            batch_stage: false,
             background_idle: false,
             direct_reclaim: DEFAULT_DIRECT_RECLAIM,
             remote: None,

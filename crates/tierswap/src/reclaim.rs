@@ -70,7 +70,7 @@ struct Reclaim {
     pending: Pending,
     /// Blocks released together: [`RELEASE_BLOCKS`], or 1 without `batch_release`.
     release_blocks: usize,
-    /// Blocks deactivated together: [`SPAN_BLOCKS`], or 1 without `batch_release`.
+    /// Blocks deactivated together: [`SPAN_BLOCKS`], or 1 without `batch_stage`.
     span_blocks: usize,
     /// This process's pidfd for process_madvise; `None` where it failed once (old kernels),
     /// and ranges are dropped with one madvise each.
@@ -138,7 +138,7 @@ impl Reclaim {
             Some(_) => Some(UnitWriter::new(s.config.file_unit_bytes)?),
             None => None,
         };
-        let batch = s.config.batch_release;
+        let (batch, stage) = (s.config.batch_release, s.config.batch_stage);
         Ok(Reclaim {
             s,
             compressed: vec![0u8; COMPRESS_BUF_BYTES],
@@ -146,7 +146,7 @@ impl Reclaim {
             slots: Vec::with_capacity(BLOCK_PAGES),
             pending: Pending::default(),
             release_blocks: if batch { RELEASE_BLOCKS } else { 1 },
-            span_blocks: if batch { SPAN_BLOCKS } else { 1 },
+            span_blocks: if stage { SPAN_BLOCKS } else { 1 },
             pidfd: if batch { sys::pidfd_self().ok() } else { None },
             next_region: 0,
             last_metadata: Instant::now(),
