@@ -26,9 +26,10 @@
 //!   or while it is being handled. The new region would otherwise be cut by the old event,
 //!   and an mremap's swapped pages would follow it instead of the moved range (they read as
 //!   zeros: tests/address_reuse.rs). The kernel follows a REMAP with an UNMAP of the old
-//!   range, so that range stays claimed until then too ([`RemappedFrom`]). Left open: the same reuse by a *REMAP's* new range
-//!   (the handler cannot wait for the events queued behind it), which needs a thread
-//!   preempted between its munmap's unlock and the queueing of its event.
+//!   range, so that range stays claimed until then too ([`RemappedFrom`]). Left open: the
+//!   same reuse by a *REMAP's* new range (the handler cannot wait for the events queued
+//!   behind it), which needs a thread preempted between its munmap's unlock and the
+//!   queueing of its event.
 //! - Installs into the program's range fail with EAGAIN while an event is queued; the
 //!   fault path leaves such pages as they were and wakes the thread, which faults again.
 //! - Reclaim and writeback: they hold the pte lock (reclaim) or the swap entry lock
