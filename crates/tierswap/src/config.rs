@@ -285,9 +285,9 @@ pub struct PagerConfig {
     /// process_madvise (adjacent blocks merged into one range): one TLB shootdown of the
     /// program's CPU instead of one per block: refault 1.09× as fast on usama_1g, 1.18×
     /// on samefill, the sparse workloads within their spread (`docs/lab/batch-split`).
-    /// Off by default: with it on (and `batch_stage` off) the events stress read zeros
-    /// back in 2 of 26 runs, pages whose pte said present but whose page was gone from
-    /// the program's range (RELIABILITY.md, known issues). Lab variant `[no-]batch-release`.
+    /// Off by default until the rare loss the events stress still finds (with it on or
+    /// off, RELIABILITY.md, known issues) is explained: stop 20 saw more of it with
+    /// batching on. Lab variant `[no-]batch-release`.
     pub batch_release: bool,
     /// Reclaim stages up to 16 blocks of a 2 MiB chunk per UFFDIO_MOVE (one per run of
     /// present pages) instead of one block per move. Off by default: it made
