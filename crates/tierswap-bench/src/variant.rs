@@ -377,7 +377,7 @@ mod tests {
         assert!(!parse("tierswap:no-batch-release").unwrap().pager(&base).batch_release);
         let both = parse("tierswap:batch-release:batch-stage").unwrap().pager(&base);
         assert!(both.batch_release && both.batch_stage);
-        let stage = parse("tierswap:batch-stage").unwrap().pager(&base);
+        let stage = parse("tierswap:batch-stage").unwrap().pager(&PagerConfig { batch_release: false, ..base.clone() });
         assert!(stage.batch_stage && !stage.batch_release, "each switch sets its own half");
         assert!(!parse("tierswap:no-batch-stage").unwrap().pager(&stage).batch_stage);
         assert!(!parse("tierswap:no-learn-blocks").unwrap().pager(&base).swapin_learn_blocks);

@@ -283,11 +283,12 @@ pub struct PagerConfig {
     pub fault_pin: bool,
     /// Reclaim drops the mirror copies of evicted pages 8 blocks at a time, with one
     /// process_madvise (adjacent blocks merged into one range): one TLB shootdown of the
-    /// program's CPU instead of one per block: refault 1.09× as fast on usama_1g, 1.18×
-    /// on samefill, the sparse workloads within their spread (`docs/lab/batch-split`).
-    /// Off by default until the rare loss the events stress still finds (with it on or
-    /// off, RELIABILITY.md, known issues) is explained: stop 20 saw more of it with
-    /// batching on. Lab variant `[no-]batch-release`.
+    /// program's CPU instead of one per block. On by default: refault 1.08× as fast on
+    /// usama_1g, 1.12× on samefill, 1.05× on usemem and concurrent, the other workloads
+    /// within their spread, and swap-out of usama_1g 2.12 s against 2.32 s, under the
+    /// kernel's 2.17 s only with it (`docs/lab/current`). The loss stop 21 saw with it on was
+    /// reclaim reaching into reused addresses (RELIABILITY.md), with it on or off. Lab
+    /// variant `[no-]batch-release`.
     pub batch_release: bool,
     /// Reclaim stages up to 16 blocks of a 2 MiB chunk per UFFDIO_MOVE (one per run of
     /// present pages) instead of one block per move. Off by default: it made
@@ -383,7 +384,7 @@ impl Default for PagerConfig {
             fault_spin_us: DEFAULT_FAULT_SPIN_US,
             background_nice: DEFAULT_BACKGROUND_NICE,
             fault_pin: DEFAULT_FAULT_PIN,
-            batch_release: false,
+            batch_release: true,
             batch_stage: false,
             background_idle: false,
             direct_reclaim: DEFAULT_DIRECT_RECLAIM,

@@ -12,14 +12,17 @@
 //!   order the kernel queued them. Faults read in the same batch are served after.
 //! - The thread doing madvise / munmap / mremap stays blocked until its event is *read*,
 //!   then goes on at once: for REMOVE the kernel zaps the range after our read, maybe
-//!   while we still work. Every page is handled under its pte lock, taken in pte order. A
-//!   fault thread that locked a page first and installs its old bytes after the zap would
-//!   leave stale data mapped: so REMOVE moves every present page of the range out to the
-//!   mirror (through the mirror's userfaultfd, which has no events) and drops it there.
-//!   After that the pte is `None` and any later fault installs zeros. (Left open: between
-//!   such a stale install and the move-out, a thread of the program could read the old
-//!   bytes after its madvise returned; it takes a second thread touching the page while
-//!   it is being discarded.)
+//!   while we still work; for UNMAP and REMAP the range is free already, and another
+//!   mapping may be made there before we have handled the event. Every page is handled
+//!   under its pte lock, taken in pte order.
+//! - From the read of a REMOVE, UNMAP or REMAP to the end of its handling, the regions it
+//!   concerns are *leaving* (`Shared::read_program_events` marks them under the install
+//!   gate): nothing is installed in their program range and nothing is moved out of it
+//!   (`Shared::guarded`). Before the read, the kernel answers EAGAIN itself. So a fault
+//!   thread that locked a page before the handler cannot install its old bytes after a
+//!   REMOVE's zap, and neither it nor reclaim can reach into a mapping made where an
+//!   unmapped or moved range was. After the handler a REMOVE'd pte is `None`, and any
+//!   later fault installs zeros.
 //! - A new region enters the map under the event lock, and only once no old extent
 //!   overlaps it (`Shared::claim_range`): the kernel queues UNMAP / REMAP only after it let
 //!   go of the range, so another thread can map the address again before the event is read,
@@ -39,8 +42,10 @@
 //!   region dead, waits for reclaim's lock, frees every pte and unmaps the mirror.
 //! - A fault on an address the map does not know takes the event lock (so an event being
 //!   handled, e.g. a REMAP creating the region, completes first) and looks again; memory
-//!   still unknown then (an mremap that grew a mapping: the kernel reports only the old
-//!   length) gets a zero page and is not managed.
+//!   still unknown then gets a zero page and is not managed if its mapping (VMA) holds a
+//!   region too (an mremap that grew a mapping: the kernel reports only the old length).
+//!   Otherwise the message outlived its page (queued before an munmap or mremap, read
+//!   after) and the address may be another mapping's by now: it is only woken.
 
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
@@ -122,7 +127,7 @@ pub(crate) fn handle_event(s: &Arc<Shared>, ev: Event) {
 fn remove(s: &Shared, start: usize, end: usize) {
     let pieces = s.regions.read().unwrap_or_else(|e| e.into_inner()).overlapping(start, end);
     for p in pieces {
-        discard(s, &p.region, p.lo, p.hi, true);
+        discard(s, &p.region, p.lo, p.hi);
     }
 }
 
@@ -131,7 +136,7 @@ pub(crate) fn unmap(s: &Shared, start: usize, end: usize) {
     s.remapped_from.unmapped(start, end);
     let pieces = s.regions.write().unwrap_or_else(|e| e.into_inner()).cut(start, end);
     for p in pieces {
-        discard(s, &p.region, p.lo, p.hi, false);
+        discard(s, &p.region, p.lo, p.hi);
         if p.region.extents.load(Ordering::Acquire) == 0 {
             teardown(s, &p.region);
         }
@@ -139,18 +144,15 @@ pub(crate) fn unmap(s: &Shared, start: usize, end: usize) {
 }
 
 /// Frees pages `[lo, hi)` of `r`: slots, staged copies, kept slots; every pte ends `None`.
-/// `mapped`: the program's range is still mapped (REMOVE), so present pages are moved out
-/// and dropped too (see the module comment for why the kernel's own zap is not enough).
-pub(crate) fn discard(s: &Shared, r: &RegionInner, lo: usize, hi: usize, mapped: bool) {
+/// Present pages are the kernel's to drop (the zap of a REMOVE, the unmap itself).
+pub(crate) fn discard(s: &Shared, r: &RegionInner, lo: usize, hi: usize) {
     let (mut present, mut staged) = (0i64, 0i64);
     let mut olds = [Pte::NONE; BLOCK_PAGES];
     let mut b = lo;
     while b < hi {
         let e = (b - b % BLOCK_PAGES + BLOCK_PAGES).min(hi);
         if b.is_multiple_of(PTES_PER_CHUNK) && e - b == BLOCK_PAGES && skip_chunk(r, b, hi) {
-            // A whole chunk of `None` ptes: nothing to free (a fault that locked one of
-            // them first installs into the range after our move-out below could not
-            // anyway: it sees `None` and installs zeros, which the zap then drops).
+            // A whole chunk of `None` ptes: nothing to free.
             b = (b + PTES_PER_CHUNK).min(hi);
             continue;
         }
@@ -174,13 +176,8 @@ pub(crate) fn discard(s: &Shared, r: &RegionInner, lo: usize, hi: usize, mapped:
                 put_slot(s, kept);
             }
         }
-        let len = (e - b) * PAGE_SIZE;
         if any_staged || any_present {
-            drop_mirror(r, b, len);
-        }
-        if mapped && any_present {
-            move_out(s, r, b, e);
-            drop_mirror(r, b, len);
+            drop_mirror(r, b, (e - b) * PAGE_SIZE);
         }
         for i in b..e {
             r.ptes.unlock(i, olds[i - b], Pte::NONE);
@@ -203,45 +200,6 @@ fn drop_mirror(r: &RegionInner, idx: usize, len_bytes: usize) {
     // userfaultfd has no REMOVE event, so this raises none.
     if let Err(e) = unsafe { sys::madvise(r.mirror_addr(idx), len_bytes, libc::MADV_DONTNEED) } {
         eprintln!("tierswap: releasing discarded staged pages at {:#x} failed: {e}", r.mirror_addr(idx));
-    }
-}
-
-/// Moves whatever is mapped in the program's pages `[lo, hi)` (locked) to the mirror, where
-/// the caller drops it. A page the kernel will not move (shared after fork: EBUSY) is left
-/// to the kernel's own zap: it was mapped before the event, not installed after it.
-///
-/// Only runs of present pages are moved, never with ALLOW_SRC_HOLES: on Linux 6.18 a hole-
-/// allowing UFFDIO_MOVE over a range the program is zapping at the same time was seen to
-/// spin in the kernel for good (move_pages retrying -EAGAIN with every page a hole; the
-/// stress workload hung within minutes). With the ptes locked nothing new is installed
-/// here, so pagemap's answer holds for the move.
-fn move_out(s: &Shared, r: &RegionInner, lo: usize, hi: usize) {
-    for (a, b) in present_runs(r.page_addr(lo), hi - lo) {
-        let (a, b) = (lo + a, lo + b);
-        let mut i = a;
-        let mut again = 0;
-        while i < b {
-            // SAFETY: the pages are locked ptes being discarded by the program's own
-            // MADV_DONTNEED: their contents are thrown away whatever we do, and the mirror's
-            // pages at the same offsets were just dropped (holes, as the move needs).
-            let res =
-                unsafe { s.mirror_uffd.move_pages(r.mirror_addr(i), r.page_addr(i), (b - i) * PAGE_SIZE, true, false) };
-            match res {
-                Ok(_) => break,
-                Err(uffd::Error::Busy { done_bytes, .. })
-                | Err(uffd::Error::PageExist { done_bytes, .. })
-                | Err(uffd::Error::NoPage { done_bytes, .. }) => {
-                    // Shared after fork, or already gone (the zap won the race): skip it.
-                    i += done_bytes / PAGE_SIZE + 1;
-                }
-                Err(uffd::Error::Again { done_bytes, .. }) if again < 8 => {
-                    again += 1;
-                    i += done_bytes / PAGE_SIZE;
-                }
-                // The range went away meanwhile (munmap follows): nothing left to zap.
-                Err(_) => return,
-            }
-        }
     }
 }
 
@@ -293,6 +251,9 @@ fn remap(s: &Shared, from: usize, to: usize, len: usize) {
                     // until each page is in place.
                     new.ptes.lock(k);
                 }
+                // Leaving until the events in hand are handled: a later one may concern
+                // the new range (the kernel made that change already).
+                s.mark_leaving(new.clone());
                 s.regions.write().unwrap_or_else(|e| e.into_inner()).insert(new.clone());
                 transfer(s, r, p.lo, p.hi, &new);
             }
@@ -300,7 +261,7 @@ fn remap(s: &Shared, from: usize, to: usize, len: usize) {
                 eprintln!(
                     "tierswap: cannot follow mremap to {new_start:#x} ({e}); the moved pages that were swapped out read as zeros"
                 );
-                discard(s, r, p.lo, p.hi, false);
+                discard(s, r, p.lo, p.hi);
             }
         }
         if r.extents.load(Ordering::Acquire) == 0 {
@@ -362,7 +323,9 @@ fn transfer(s: &Shared, old: &RegionInner, lo: usize, hi: usize, new: &Arc<Regio
 /// that cannot move is copied.
 fn move_mirror(s: &Shared, old: &RegionInner, from: usize, new: &RegionInner, to: usize, n: usize) {
     // Holes in the old mirror are staged zero pages: the new mirror reads the same there.
-    // Present runs only, without ALLOW_SRC_HOLES (see `move_out`).
+    // Present runs only, without ALLOW_SRC_HOLES: on Linux 6.18 a hole-allowing
+    // UFFDIO_MOVE over a range being zapped at the same time was seen to spin in the
+    // kernel for good (RELIABILITY.md).
     for (a, b) in present_runs(old.mirror_addr(from), n) {
         move_mirror_run(s, old, from + a, new, to + a, b - a);
     }
@@ -413,7 +376,7 @@ pub(crate) fn teardown(s: &Shared, r: &RegionInner) {
     if r.gone.swap(true, Ordering::AcqRel) {
         return;
     }
-    discard(s, r, 0, r.n_pages, false);
+    discard(s, r, 0, r.n_pages);
     let len = pages_to_bytes(r.n_pages);
     let _ = s.mirror_uffd.unregister(r.mirror, len);
     // SAFETY: every pte is None, the region is out of the map and dead: nothing will look

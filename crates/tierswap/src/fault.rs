@@ -129,7 +129,7 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
         {
             // Events are read and handled one reader at a time, in queue order (events.rs).
             let _ev = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
-            match s.uffd.read_events(&mut events, 64) {
+            match s.read_program_events(&mut events, 64, spinning) {
                 Ok(0) if spinning => {
                     std::hint::spin_loop();
                     continue;
@@ -189,7 +189,7 @@ fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<E
         let room = events.capacity() - events.len();
         if ready & 0b01 != 0 && room > 0 {
             let before = events.len();
-            if s.uffd.read_events(events, room.min(64)).is_ok() {
+            if s.read_program_events(events, room.min(64), false).is_ok() {
                 let new_forks = events[before..].iter().filter(|e| matches!(e, Event::Fork { .. })).count();
                 if new_forks > 0 {
                     // Faults served in the faulting threads wait for the snapshot.
@@ -230,8 +230,9 @@ fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<E
     drop(busy);
 }
 
-/// Handles the non-fault events of `events` in order, leaving `Unknown` in their place.
-/// The caller holds the event lock.
+/// Handles the non-fault events of `events` in order, leaving `Unknown` in their place,
+/// and then unmarks the regions their reads marked leaving. The caller holds the event
+/// lock, and `events` holds everything read since the last call.
 fn handle_non_faults(s: &Arc<Shared>, events: &mut [Event]) {
     for ev in events.iter_mut() {
         if !matches!(ev, Event::PageFault { .. } | Event::Unknown(_)) {
@@ -239,6 +240,7 @@ fn handle_non_faults(s: &Arc<Shared>, events: &mut [Event]) {
             crate::events::handle_event(s, ev);
         }
     }
+    s.unmark_leaving();
 }
 
 fn serve_fault_event(s: &Shared, ev: Event, scratch: &mut Scratch) {
@@ -356,7 +358,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             s.wake(page_addr, PAGE_SIZE);
         }
         PteState::None => {
-            if !install_zero(s, page_addr, write, true) {
+            if !install_zero(s, Some(&r), page_addr, write, true) {
                 // The range is going away (munmap, mremap): nothing was installed.
                 r.ptes.unlock(idx, old, old);
                 return;
@@ -372,14 +374,14 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             // A message queued before the page was poisoned (a range wake let its thread
             // fault again): re-arm the marker (EEXIST: still there) and let it take SIGBUS.
             // A zero page here would quietly turn a lost page into zeros.
-            arm_poison(s, page_addr);
+            arm_poison(s, &r, page_addr);
             s.wake(page_addr, PAGE_SIZE);
             r.ptes.unlock(idx, old, old);
         }
         PteState::Present => {
             // Already served (a second message for the page), or the program discarded it:
             // either way a zero page is right, and EEXIST tells us it was the former.
-            install_zero(s, page_addr, write, false);
+            install_zero(s, Some(&r), page_addr, write, false);
             r.ptes.unlock(idx, old, old);
         }
         PteState::Staged => {
@@ -602,7 +604,7 @@ fn swap_in(
             Ok(true) => Kind::Data,
             Ok(false) => Kind::Zero,
             Err(fail) if j == idx => {
-                poison(s, r.page_addr(idx), slot, &fail);
+                poison(s, r, r.page_addr(idx), slot, &fail);
                 Kind::Failed
             }
             Err(_) => {
@@ -641,7 +643,7 @@ fn swap_in(
         k += 1;
         let addr = r.page_addr(first + run);
         let len = (k - run) * PAGE_SIZE;
-        let res = match p.kind {
+        let res = s.guarded(r, || match p.kind {
             Kind::Data => {
                 let bytes = &scratch.range.as_slice()[run * PAGE_SIZE..k * PAGE_SIZE];
                 s.uffd.copy(addr, bytes, true, p.keep)
@@ -651,7 +653,7 @@ fn swap_in(
                 s.uffd.copy(addr, &ZERO_PAGE, true, false)
             }
             _ => s.uffd.zeropage(addr, len, true),
-        };
+        });
         if let Err(e) = res {
             // Pages the kernel did not install stay swapped, their slots intact (the
             // program faults on them again); the common cause is the region going away.
@@ -880,7 +882,7 @@ fn handle_wp_fault(s: &Shared, addr: usize) {
         }
         // Pages of the run that are not present (staged or swapped meanwhile) have no pte
         // in the program's range; unprotecting them is a no-op.
-        let _ = s.uffd.writeprotect(r.page_addr(run), (i - run) * PAGE_SIZE, false, true);
+        let _ = s.guarded(&r, || s.uffd.writeprotect(r.page_addr(run), (i - run) * PAGE_SIZE, false, true));
         for k in run..i {
             let old = locked[k - block_start].expect("locked above");
             let new = if old.state() == PteState::Present { old.without_kept_slot() } else { old };
@@ -1006,12 +1008,19 @@ fn wait_for_room(s: &Shared, direct: Option<&mut crate::reclaim::DirectReclaim>)
 
 /// Maps a zero page at `addr` (a zeroed copy for writes, saving the write fault after).
 /// Says whether a page is there now.
-fn install_zero(s: &Shared, addr: usize, write: bool, dontwake: bool) -> bool {
-    let res = if write {
-        static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
-        s.uffd.copy(addr, &ZERO_PAGE, dontwake, false)
-    } else {
-        s.uffd.zeropage(addr, PAGE_SIZE, dontwake)
+fn install_zero(s: &Shared, r: Option<&RegionInner>, addr: usize, write: bool, dontwake: bool) -> bool {
+    let install = || {
+        if write {
+            static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
+            s.uffd.copy(addr, &ZERO_PAGE, dontwake, false)
+        } else {
+            s.uffd.zeropage(addr, PAGE_SIZE, dontwake)
+        }
+    };
+    // Memory no region holds (`r` None) is unmanaged: nothing of ours can be there.
+    let res = match r {
+        Some(r) => s.guarded(r, install),
+        None => install(),
     };
     settle_install(s, addr, res)
 }
@@ -1053,7 +1062,13 @@ fn first_touch_around(s: &Shared, r: &RegionInner, idx: usize, write: bool) -> u
     while done < n {
         let chunk = (n - done).min(BLOCK_PAGES);
         let (addr, len) = (r.page_addr(idx + 1 + done), chunk * PAGE_SIZE);
-        let res = if write { s.uffd.copy(addr, &ZEROS[..len], true, false) } else { s.uffd.zeropage(addr, len, true) };
+        let res = s.guarded(r, || {
+            if write {
+                s.uffd.copy(addr, &ZEROS[..len], true, false)
+            } else {
+                s.uffd.zeropage(addr, len, true)
+            }
+        });
         // A partial install (the range going away, a page the kernel has already) leaves
         // the rest untouched: they fault on their own.
         let (got, whole) = match res {
@@ -1089,9 +1104,12 @@ fn unlock_unchanged_from(r: &RegionInner, olds: &[Pte], base: usize, from: usize
 
 /// A fault on registered memory the map does not know. Once any event being handled is
 /// done (the event lock), look again: a REMAP may have just created its region. Still
-/// unknown: memory an mremap grew (the kernel reports only the old length), which gets a
-/// zero page and stays unmanaged; or a range going away, where the install fails and the
-/// wake lets the thread see it is gone.
+/// unknown: memory an mremap grew (the kernel reports only the old length: its mapping
+/// holds a region too), which gets a zero page and stays unmanaged. Anything else is a
+/// message that outlived its page: queued before the program unmapped or moved it, read
+/// after, when the address may be another mapping's by now (a new region not in the map
+/// yet, reclaim's staging window), where a zero page would land over its bytes. That one
+/// is only woken.
 fn unknown_fault(s: &Shared, page_addr: usize, write: bool) {
     {
         let _ev = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -1101,7 +1119,14 @@ fn unknown_fault(s: &Shared, page_addr: usize, write: bool) {
         s.wake(page_addr, PAGE_SIZE);
         return;
     }
-    if install_zero(s, page_addr, write, false) {
+    let grown = sys::vma_of(page_addr)
+        .is_some_and(|(a, b)| !s.regions.read().unwrap_or_else(|e| e.into_inner()).overlapping(a, b).is_empty());
+    if !grown {
+        s.counters.faults_stale.fetch_add(1, Ordering::Relaxed);
+        s.wake(page_addr, PAGE_SIZE);
+        return;
+    }
+    if install_zero(s, None, page_addr, write, false) {
         s.counters.faults_unmanaged.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -1190,7 +1215,7 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
         // SAFETY: the pages [i, to) are locked staged pages: their only copy is at the same
         // offset in the mirror, which only the pager touches, and the program's range there
         // is empty (the program faults on it). Moving them back is what the program expects.
-        let res = unsafe { s.uffd.move_pages(r.page_addr(i), r.mirror_addr(i), len, true, false) };
+        let res = s.guarded(r, || unsafe { s.uffd.move_pages(r.page_addr(i), r.mirror_addr(i), len, true, false) });
         let mut stop = false;
         let done_pages = match res {
             Ok(bytes) => bytes / PAGE_SIZE,
@@ -1219,7 +1244,7 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
             Err(uffd::Error::NoPage { done_bytes, .. }) => {
                 // A hole in the mirror at the page after the moved ones: it was a zero page.
                 let at = i + done_bytes / PAGE_SIZE;
-                install_zero(s, r.page_addr(at), false, true);
+                install_zero(s, Some(r), r.page_addr(at), false, true);
                 done_bytes / PAGE_SIZE + 1
             }
             Err(uffd::Error::PageExist { done_bytes, .. }) => {
@@ -1247,7 +1272,7 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
                 // kernel's answer for a hole there (see tests/uffd_ops.rs). The page read as
                 // zeros when staged.
                 let at = i + done_bytes / PAGE_SIZE;
-                install_zero(s, r.page_addr(at), false, true);
+                install_zero(s, Some(r), r.page_addr(at), false, true);
                 done_bytes / PAGE_SIZE + 1
             }
             Err(uffd::Error::Invalid { .. }) | Err(uffd::Error::ProcessGone { .. })
@@ -1426,11 +1451,11 @@ pub(crate) fn free_backend(s: &Shared, e: SwapEntry) {
 }
 
 /// A page that cannot be read is never returned as data: the faulting thread gets SIGBUS.
-fn poison(s: &Shared, addr: usize, slot: u64, fail: &ReadFail) {
+fn poison(s: &Shared, r: &RegionInner, addr: usize, slot: u64, fail: &ReadFail) {
     eprintln!(
         "tierswap: page at {addr:#x} (slot {slot}) cannot be read back ({fail}); the accessing thread gets SIGBUS"
     );
-    if arm_poison(s, addr) {
+    if arm_poison(s, r, addr) {
         s.wake(addr, PAGE_SIZE);
     }
 }
@@ -1440,8 +1465,8 @@ fn poison(s: &Shared, addr: usize, slot: u64, fail: &ReadFail) {
 /// The pte says poisoned either way: if the range is changing under an event (munmap or
 /// mremap in flight: ENOENT, EINVAL, EAGAIN), the event clears or moves that pte, or the
 /// retried access faults again and lands here once more.
-fn arm_poison(s: &Shared, addr: usize) -> bool {
-    match s.uffd.poison(addr, PAGE_SIZE, false) {
+fn arm_poison(s: &Shared, r: &RegionInner, addr: usize) -> bool {
+    match s.guarded(r, || s.uffd.poison(addr, PAGE_SIZE, false)) {
         Ok(_) => false,
         Err(uffd::Error::PageExist { .. }) => true,
         Err(uffd::Error::ProcessGone { .. }) => false,

@@ -8,7 +8,12 @@
 //! registered with the userfaultfd the ioctl goes through, so there are two: program ranges
 //! on `uffd` (with REMOVE / UNMAP / REMAP events, see [`crate::events`]), mirrors on
 //! `mirror_uffd` (no events: the pager's own MADV_DONTNEED of staged pages raises none).
-//! Program → mirror moves go through `mirror_uffd`, mirror → program through `uffd`.
+//! Mirror → program moves go through `uffd`. Program → mirror moves go through `uffd` too,
+//! into a small window of reclaim's registered there, then on through `mirror_uffd`: the
+//! kernel refuses ioctls of `uffd` while one of its events is unread, and a move out of a
+//! range the program has just unmapped would take whatever is mapped there now
+//! (`reclaim.rs` `map_window`). [`Shared::guarded`] covers the time from an event's read
+//! to the end of its handling.
 //!
 //! Program ranges are found by address in a [`RegionMap`]: live extents ordered by start
 //! (the shim may create thousands of mappings; a partial munmap splits an extent).
@@ -136,6 +141,10 @@ pub(crate) struct RegionInner {
     pub(crate) extents: AtomicUsize,
     /// Torn down: its mirror is gone and nothing may touch it any more.
     pub(crate) gone: AtomicBool,
+    /// Events read but not handled yet that concern this range (REMOVE, UNMAP, REMAP; see
+    /// [`Shared::guarded`]), plus one for good once its [`Region`] is dropped: while
+    /// non-zero, nothing is installed in the program's range and nothing is moved out of it.
+    pub(crate) leaving: AtomicU32,
 }
 
 impl RegionInner {
@@ -291,6 +300,11 @@ pub(crate) struct Shared {
     pub(crate) mirror_uffd: Uffd,
     /// Held while reading `uffd` and handling the events read (see [`crate::events`]).
     pub(crate) event_lock: Mutex<()>,
+    /// Write-held while reading `uffd` and marking the regions its events concern;
+    /// read-held by every change to a program range ([`Shared::guarded`]).
+    pub(crate) install_gate: RwLock<()>,
+    /// The regions marked `leaving` by the events in hand (read, not handled yet).
+    pub(crate) leaving_marks: Mutex<Vec<Arc<RegionInner>>>,
     /// Old ranges of mremaps whose trailing UNMAP is still to come.
     pub(crate) remapped_from: crate::events::RemappedFrom,
     pub(crate) config: PagerConfig,
@@ -524,6 +538,80 @@ impl Shared {
         drop(self.event_lock.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
+    /// Reads up to `max` messages from the program's userfaultfd, appending them to
+    /// `events`, and marks the regions their REMOVE / UNMAP / REMAP events concern as
+    /// leaving. The caller holds the event lock, and calls [`Shared::unmark_leaving`] once
+    /// it has handled the events. `spinning`: polling without a sign of messages, so read
+    /// nothing (Ok(0)) rather than wait for the gate: a writer waiting there would hold
+    /// every install back.
+    pub(crate) fn read_program_events(
+        &self,
+        events: &mut Vec<uffd::Event>,
+        max: usize,
+        spinning: bool,
+    ) -> uffd::Result<usize> {
+        let _gate = if spinning {
+            match self.install_gate.try_write() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return Ok(0),
+            }
+        } else {
+            self.install_gate.write().unwrap_or_else(|e| e.into_inner())
+        };
+        let before = events.len();
+        let n = self.uffd.read_events(events, max)?;
+        for ev in &events[before..] {
+            let ranges = match *ev {
+                uffd::Event::Remove { start, end } | uffd::Event::Unmap { start, end } => [(start, end), (0, 0)],
+                // The destination too: a stale extent there is left open (events.rs).
+                uffd::Event::Remap { from, to, len } => [(from, from + len), (to, to + len)],
+                _ => continue,
+            };
+            let map = self.regions.read().unwrap_or_else(|e| e.into_inner());
+            for (a, b) in ranges.into_iter().filter(|(a, b)| a < b) {
+                for p in map.overlapping(a, b) {
+                    self.mark_leaving(p.region);
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Marks `r` leaving until the events in hand are handled ([`Shared::unmark_leaving`]).
+    /// A region an mremap creates is marked too: a later event of the same read may
+    /// concern it, and the kernel has made that change already.
+    pub(crate) fn mark_leaving(&self, r: Arc<RegionInner>) {
+        r.leaving.fetch_add(1, Ordering::AcqRel);
+        self.leaving_marks.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+    }
+
+    /// The events in hand are handled: their regions are no longer leaving.
+    pub(crate) fn unmark_leaving(&self) {
+        let marks = std::mem::take(&mut *self.leaving_marks.lock().unwrap_or_else(|e| e.into_inner()));
+        for r in marks {
+            r.leaving.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Runs `op`, a change to the program's range of `r` (an install, a move in or out),
+    /// unless an event read but not handled yet concerns `r`: then it answers EAGAIN, as
+    /// the kernel does while an event is unread, and the caller leaves its pages as they
+    /// are. Once an UNMAP or REMAP is read, the kernel has already let go of the old range
+    /// and may have handed the address to a new mapping (another thread's mmap, or a
+    /// mapping an mremap put there): a change made before the event is handled would land
+    /// in that mapping. A REMOVE is marked too, so nothing is installed between its read
+    /// and the zap that follows it. Together with the kernel's EAGAIN for unread events
+    /// (on ioctls of `uffd`, checked under the kernel's own lock), no change lands on an
+    /// address the region no longer holds.
+    pub(crate) fn guarded<T>(&self, r: &RegionInner, op: impl FnOnce() -> uffd::Result<T>) -> uffd::Result<T> {
+        let _gate = self.install_gate.read().unwrap_or_else(|e| e.into_inner());
+        if r.leaving.load(Ordering::Acquire) != 0 {
+            return Err(uffd::Error::Again { op: "change to a leaving range", done_bytes: 0 });
+        }
+        op()
+    }
+
     /// Whether `addr` is in a live extent of `r`.
     pub(crate) fn maps(&self, r: &RegionInner, addr: usize) -> bool {
         matches!(self.lookup(addr), Lookup::Region(x, _) if x.id == r.id)
@@ -667,6 +755,7 @@ impl Shared {
             detached,
             extents: AtomicUsize::new(0),
             gone: AtomicBool::new(false),
+            leaving: AtomicU32::new(0),
         }))
     }
 
@@ -845,6 +934,8 @@ impl Pager {
             uffd,
             mirror_uffd,
             event_lock: Mutex::new(()),
+            install_gate: RwLock::new(()),
+            leaving_marks: Mutex::new(Vec::new()),
             remapped_from: Default::default(),
             config,
             regions: RwLock::new(RegionMap::default()),
@@ -1259,10 +1350,17 @@ impl Drop for Region {
             }
             extents
         };
+        // A fault thread may be serving this range now (it found the region before the
+        // cut): from here on nothing is installed in it or moved out of it, for good. An
+        // install after the munmap would land in whatever the kernel maps there next, and
+        // no event will mark the range leaving (it is unregistered first). Taking the gate
+        // waits out any change already under way.
+        {
+            let _gate = s.install_gate.write().unwrap_or_else(|e| e.into_inner());
+            r.leaving.fetch_add(1, Ordering::AcqRel);
+        }
         // Reclaim may be staging pages of this range now (it locked them before the cut):
-        // let it finish before the range goes. A move out of the range after the munmap
-        // would take a page of whatever the kernel maps there next. Reclaim skips a dead
-        // region from here on.
+        // let it finish before the range goes. Reclaim skips a dead region from here on.
         r.dead.store(true, Ordering::SeqCst);
         drop(r.reclaim_lock.write().unwrap_or_else(|e| e.into_inner()));
         for (a, b) in extents {

@@ -84,6 +84,54 @@ struct Reclaim {
     /// workingset_activate and pgsteal at the last target update.
     last_activate: u64,
     last_steal: u64,
+    /// Staging windows, made on first use: `[plain, write-protect tracking]`.
+    windows: [Option<usize>; 2],
+    warned_window: bool,
+}
+
+/// Where staging moves a run of the program's pages first, on its way to the mirror: a
+/// range of ours registered on the *program's* userfaultfd. The move out of the program's
+/// range is then an ioctl of that userfaultfd, which the kernel refuses (EAGAIN) while an
+/// event about the program's memory is unread, checked under its own lock together with
+/// the move; and [`Shared::guarded`] refuses it from the event's read to its handling.
+/// Moved straight into the mirror (the mirror's userfaultfd, which has no events), a page
+/// would be taken after an munmap or mremap the pager has not handled yet: the page of
+/// whatever the kernel has mapped at that address since (tests/address_reuse.rs). A second
+/// move, window to mirror, follows at once, so the window is empty between runs.
+/// Never touched, never advised (a REMOVE event), never inherited by a child.
+fn map_window(s: &Shared, wp: bool, pages: usize) -> std::io::Result<usize> {
+    let len = pages * PAGE_SIZE;
+    let addr = sys::mmap_reserve(len)?;
+    // SAFETY: our fresh, unused mapping.
+    unsafe {
+        let _ = sys::madvise(addr, len, libc::MADV_NOHUGEPAGE);
+        let _ = sys::madvise(addr, len, libc::MADV_DONTDUMP);
+        let _ = sys::madvise(addr, len, libc::MADV_DONTFORK);
+    }
+    // The regions' mode: UFFDIO_MOVE wants equal protections on both sides.
+    let mode = uffd::RegisterMode { missing: true, wp, minor: false };
+    if let Err(e) = s.uffd.register(addr, len, mode) {
+        // SAFETY: as above.
+        unsafe {
+            let _ = sys::munmap(addr, len);
+        }
+        return Err(std::io::Error::other(e));
+    }
+    Ok(addr)
+}
+
+impl Drop for Reclaim {
+    fn drop(&mut self) {
+        let len = self.span_blocks * BLOCK_PAGES * PAGE_SIZE;
+        for addr in self.windows.iter().flatten() {
+            // Unregistered first, so the munmap raises no UNMAP event.
+            let _ = self.s.uffd.unregister(*addr, len);
+            // SAFETY: our window, empty between staging runs and used by nobody else.
+            unsafe {
+                let _ = sys::munmap(*addr, len);
+            }
+        }
+    }
 }
 
 /// The inactive list's new size after `activated` workingset activations among `stolen`
@@ -154,6 +202,8 @@ impl Reclaim {
             inactive_target: i64::MAX,
             last_activate: 0,
             last_steal: 0,
+            windows: [None; 2],
+            warned_window: false,
         })
     }
 
@@ -386,10 +436,27 @@ impl Reclaim {
         staged
     }
 
-    /// Moves locked present pages `[from, to)` to the mirror and unlocks them: staged if
-    /// moved; None if the program had discarded it (a hole); present if the move could not
-    /// be done now. Counts each page staged in `per_block[(page - span_start) / BLOCK_PAGES]`.
-    /// Returns pages staged.
+    /// The staging window for regions of this registration mode (see [`map_window`]).
+    fn window(&mut self, wp: bool) -> Option<usize> {
+        let k = wp as usize;
+        if self.windows[k].is_none() {
+            match map_window(&self.s, wp, self.span_blocks * BLOCK_PAGES) {
+                Ok(addr) => self.windows[k] = Some(addr),
+                Err(e) => {
+                    if !self.warned_window {
+                        self.warned_window = true;
+                        eprintln!("tierswap: cannot map a staging window ({e}); pages stay in memory");
+                    }
+                }
+            }
+        }
+        self.windows[k]
+    }
+
+    /// Moves locked present pages `[from, to)` to the mirror, through the window, and
+    /// unlocks them: staged if moved; None if the program had discarded it (a hole);
+    /// present if the move could not be done now. Counts each page staged in
+    /// `per_block[(page - span_start) / BLOCK_PAGES]`. Returns pages staged.
     fn stage_run(
         &mut self,
         r: &RegionInner,
@@ -398,44 +465,85 @@ impl Reclaim {
         span_start: usize,
         per_block: &mut [usize],
     ) -> usize {
+        let Some(window) = self.window(r.clean_tracking) else {
+            for k in from..to {
+                let old = r.ptes.load(k);
+                r.ptes.unlock(k, old, old);
+            }
+            return 0;
+        };
         let mut i = from;
         let mut staged = 0;
         let mut again = 0;
         while i < to {
             let len = (to - i) * PAGE_SIZE;
-            // SAFETY: pages [i, to) are locked present pages of the program's range; moving
-            // them to the mirror is atomic with respect to the program, which faults on a
-            // touch and is served from the mirror once we unlock.
-            let res = unsafe { self.s.mirror_uffd.move_pages(r.mirror_addr(i), r.page_addr(i), len, true, false) };
+            // SAFETY: pages [i, to) are locked present pages of the program's range and the
+            // window is empty; guarded, the range is still the region's. Moving them out is
+            // atomic with respect to the program, which faults on a touch and is served
+            // from the mirror once we unlock.
+            let res = self.s.guarded(r, || unsafe { self.s.uffd.move_pages(window, r.page_addr(i), len, true, false) });
             let (done, skip) = match res {
                 Ok(bytes) => (bytes / PAGE_SIZE, None),
-                Err(uffd::Error::Busy { done_bytes, .. }) => (done_bytes / PAGE_SIZE, Some(PteState::Present)),
-                Err(uffd::Error::Again { done_bytes, .. }) if again < 8 => {
-                    again += 1;
-                    (done_bytes / PAGE_SIZE, None)
-                }
-                Err(uffd::Error::NoPage { done_bytes, .. }) | Err(uffd::Error::Again { done_bytes, .. }) => {
-                    // ENOENT, or EAGAIN without progress after retries (Linux 6.18's answer
-                    // for a hole): the program may have dropped the page. The errno alone is
-                    // not trusted with data: where the page is decides.
-                    let at = i + done_bytes / PAGE_SIZE;
-                    (done_bytes / PAGE_SIZE, (at < to).then(|| where_is(r, at)))
-                }
-                Err(uffd::Error::PageExist { done_bytes, .. }) => {
-                    // Something is in the mirror at that offset already: keep the page
-                    // where it is.
-                    (done_bytes / PAGE_SIZE, Some(PteState::Present))
-                }
-                Err(uffd::Error::BadAddress { .. }) => {
-                    // The program unmapped or moved the range (munmap / mremap): its event
-                    // is on the way and settles these ptes. Nothing to say.
-                    (0, Some(PteState::Present))
-                }
                 Err(e) => {
-                    eprintln!("tierswap: staging pages at {:#x} failed: {e}", r.page_addr(i));
-                    (0, Some(PteState::Present))
+                    // The window, not the count, says how many pages moved: Linux 6.18 can
+                    // report fewer than a batched move took before it ended in EAGAIN (the
+                    // events stress caught 4 reported of 12 moved).
+                    let done = match e {
+                        // The window was not empty: not a count to check against it (below).
+                        uffd::Error::PageExist { .. } => e.done_bytes() / PAGE_SIZE,
+                        _ => self.moved_into_window(window, to - i).max(e.done_bytes() / PAGE_SIZE),
+                    };
+                    let at = i + done;
+                    let skip = match e {
+                        uffd::Error::Busy { .. } => Some(PteState::Present),
+                        // An event about this range is in hand: its handler settles these ptes.
+                        uffd::Error::Again { .. } if r.leaving.load(Ordering::Acquire) != 0 => Some(PteState::Present),
+                        uffd::Error::Again { .. } if again < 8 => {
+                            again += 1;
+                            None
+                        }
+                        // ENOENT, or EAGAIN without progress after retries (Linux 6.18's
+                        // answer for a hole): the program may have dropped the page. The
+                        // errno alone is not trusted with data: where the page is decides.
+                        uffd::Error::NoPage { .. } | uffd::Error::Again { .. } => (at < to).then(|| where_is(r, at)),
+                        uffd::Error::PageExist { done_bytes, .. } => {
+                            // Something put a page there that no staging run did: a bug.
+                            // Whose it is cannot be told, so it stays where it is, in a
+                            // window set aside for good. The pages moved before it (EEXIST
+                            // stops the move there) are staged; the rest stay present.
+                            let ours = done_bytes / PAGE_SIZE;
+                            eprintln!(
+                                "tierswap: internal error: the staging window at {window:#x} holds pages no staging run put there ({}); set aside, a new window is used",
+                                window_contents(window, to - i)
+                            );
+                            if ours > 0 {
+                                self.unwindow(r, window, i, ours);
+                            }
+                            for k in i..to {
+                                let old = r.ptes.load(k);
+                                let new = if k < i + ours { old.staged_keeping_hotness() } else { old };
+                                r.ptes.unlock(k, old, new);
+                                if k < i + ours {
+                                    per_block[(k - span_start) / BLOCK_PAGES] += 1;
+                                }
+                            }
+                            self.windows[r.clean_tracking as usize] = None;
+                            return staged + ours;
+                        }
+                        // The program unmapped or moved the range (munmap / mremap): its
+                        // event is on the way and settles these ptes. Nothing to say.
+                        uffd::Error::BadAddress { .. } => Some(PteState::Present),
+                        e => {
+                            eprintln!("tierswap: staging pages at {:#x} failed: {e}", r.page_addr(at));
+                            Some(PteState::Present)
+                        }
+                    };
+                    (done, skip)
                 }
             };
+            if done > 0 {
+                self.unwindow(r, window, i, done);
+            }
             for k in i..i + done {
                 let old = r.ptes.load(k);
                 r.ptes.unlock(k, old, old.staged_keeping_hotness());
@@ -455,12 +563,6 @@ impl Reclaim {
                             }
                             Pte::NONE
                         }
-                        PteState::Staged => {
-                            // Moved after all, whatever the errno said.
-                            staged += 1;
-                            per_block[(i - span_start) / BLOCK_PAGES] += 1;
-                            old.staged_keeping_hotness()
-                        }
                         _ => old,
                     };
                     r.ptes.unlock(i, old, new);
@@ -469,6 +571,89 @@ impl Reclaim {
             }
         }
         staged
+    }
+
+    /// How many pages, from the window's start, a move of `n` pages into it took: the
+    /// resident prefix. A resident page after a gap would be one the kernel moved out of
+    /// order, which nothing here expects: it is reported and the pager stops rather than
+    /// lose it.
+    fn moved_into_window(&self, window: usize, n: usize) -> usize {
+        let mut resident = [false; SPAN_BLOCKS * BLOCK_PAGES];
+        let resident = &mut resident[..n];
+        sys::residency(window, resident);
+        let moved = resident.iter().take_while(|&&x| x).count();
+        if let Some(k) = resident[moved..].iter().position(|&x| x) {
+            fatal(&format!(
+                "UFFDIO_MOVE left page {} of a staging run in the window at {window:#x} but not page {moved}",
+                moved + k
+            ));
+        }
+        moved
+    }
+
+    /// Moves the `n` pages at the start of the window to the mirror at page `i` of `r`
+    /// (locked ptes, about to be unlocked as staged). The mirror there should be empty: a
+    /// copy found there is a stale one (its pte said present) and is dropped, loudly.
+    fn unwindow(&mut self, r: &RegionInner, window: usize, i: usize, n: usize) {
+        let mut k = 0;
+        let mut tries = 0;
+        while k < n {
+            // SAFETY: the window's pages [k, n) are the locked pages [i + k, i + n) just
+            // moved out of the program's range; the mirror there is theirs.
+            let res = unsafe {
+                self.s.mirror_uffd.move_pages(
+                    r.mirror_addr(i + k),
+                    window + k * PAGE_SIZE,
+                    (n - k) * PAGE_SIZE,
+                    true,
+                    false,
+                )
+            };
+            let err = match res {
+                Ok(bytes) if bytes > 0 => {
+                    k += bytes / PAGE_SIZE;
+                    continue;
+                }
+                Ok(_) => None,
+                Err(e) => Some(e),
+            };
+            match err {
+                Some(uffd::Error::PageExist { done_bytes, .. }) => {
+                    k += done_bytes / PAGE_SIZE;
+                    // As below: pages gone from the window are in the mirror already.
+                    while k < n && !sys::is_resident(window + k * PAGE_SIZE) {
+                        k += 1;
+                    }
+                    if k == n {
+                        continue;
+                    }
+                    eprintln!(
+                        "tierswap: a stale copy sat in the mirror at {:#x} under a present page; dropped it",
+                        r.mirror_addr(i + k)
+                    );
+                    // SAFETY: the mirror page of a locked pte whose bytes are in the window:
+                    // what is in the mirror there is no page's only copy.
+                    if let Err(e) = unsafe { sys::madvise(r.mirror_addr(i + k), PAGE_SIZE, libc::MADV_DONTNEED) } {
+                        fatal(&format!("cannot drop a stale mirror page at {:#x}: {e}", r.mirror_addr(i + k)));
+                    }
+                }
+                Some(uffd::Error::Again { done_bytes, .. } | uffd::Error::Busy { done_bytes, .. }) if tries < 1000 => {
+                    k += done_bytes / PAGE_SIZE;
+                    // The count can fall short of the pages moved (see `stage_run`): a page
+                    // gone from the window is in the mirror.
+                    while k < n && !sys::is_resident(window + k * PAGE_SIZE) {
+                        k += 1;
+                    }
+                    tries += 1;
+                    std::thread::yield_now();
+                }
+                e => fatal(&format!(
+                    "moving staged pages from the window into the mirror at {:#x} failed: {}",
+                    r.mirror_addr(i + k),
+                    e.map_or_else(|| "no progress".to_string(), |e| e.to_string())
+                )),
+            }
+        }
     }
 
     /// Evicts up to `max_blocks` of the oldest staged blocks (blocks whose pages were all
@@ -864,9 +1049,26 @@ mod tests {
     }
 }
 
-/// Where locked present page `idx` is after a move that reported no progress: still in
-/// the program's range (present), in the mirror (it moved), or nowhere (a hole the program
-/// made with MADV_DONTNEED, which reads as zeros).
+/// What the window holds, for an internal-error message: each resident page's offset and
+/// first word.
+fn window_contents(window: usize, n: usize) -> String {
+    let mut resident = [false; SPAN_BLOCKS * BLOCK_PAGES];
+    sys::residency(window, &mut resident[..n]);
+    let pages: Vec<String> = (0..n)
+        .filter(|&k| resident[k])
+        .map(|k| {
+            // SAFETY: a resident page of our window (no fault), which only this reclaimer
+            // uses; the read changes nothing.
+            let w = unsafe { std::ptr::read_volatile((window + k * PAGE_SIZE) as *const u64) };
+            format!("page {k}: {w:#x}")
+        })
+        .collect();
+    pages.join(", ")
+}
+
+/// Where locked present page `idx` is after a move that did not take it: still in the
+/// program's range (present), or nowhere (a hole the program made with MADV_DONTNEED, which
+/// reads as zeros).
 fn where_is(r: &RegionInner, idx: usize) -> PteState {
     if !is_mapped(r.page_addr(idx)) {
         // The program's range is gone (munmap) or moved (mremap): the page went with it or
@@ -875,8 +1077,6 @@ fn where_is(r: &RegionInner, idx: usize) -> PteState {
     }
     if sys::is_resident(r.page_addr(idx)) {
         PteState::Present
-    } else if sys::is_resident(r.mirror_addr(idx)) {
-        PteState::Staged
     } else {
         PteState::None
     }

@@ -160,6 +160,10 @@ counters! {
     /// Faults on registered memory the pager does not manage (the part an mremap grew),
     /// served with a zero page.
     faults_unmanaged,
+    /// Fault messages for an address no region holds, outside any mapping an mremap grew:
+    /// messages that outlived their page (the program unmapped or moved it after the fault
+    /// was queued, a range wake having let the thread go on). Woken, nothing installed.
+    faults_stale,
     /// Faults served in the faulting thread itself, in its SIGBUS handler (signal mode).
     faults_in_thread,
     /// Pages written to the remote tier (acknowledged, and durable as configured).

@@ -143,6 +143,60 @@ pub fn pin_thread(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// `PROCMAP_QUERY` (uapi linux/fs.h, Linux 6.11): `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: u64 = 0xC068_6611;
+
+/// uapi `struct procmap_query` (104 bytes); only the fields we use are named in use.
+#[repr(C)]
+#[derive(Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+/// The mapping (VMA) that holds `addr`, as (start, end), asked of the kernel with
+/// PROCMAP_QUERY on /proc/self/maps, or read from its text where that ioctl is missing.
+/// `None`: nothing maps `addr`, or /proc cannot say.
+pub fn vma_of(addr: usize) -> Option<(usize, usize)> {
+    use std::io::Read;
+    let mut f = std::fs::File::open("/proc/self/maps").ok()?;
+    let mut q = ProcmapQuery {
+        size: std::mem::size_of::<ProcmapQuery>() as u64,
+        query_addr: addr as u64,
+        ..Default::default()
+    };
+    // SAFETY: PROCMAP_QUERY reads and writes one `procmap_query` of the size we give; no
+    // name or build-id buffer is passed (sizes 0, addresses 0).
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), PROCMAP_QUERY as _, &mut q as *mut ProcmapQuery) };
+    if r == 0 {
+        return Some((q.vma_start as usize, q.vma_end as usize));
+    }
+    if io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
+        return None;
+    }
+    // Older kernels (ENOTTY): the text, one "start-end perms ..." line per mapping.
+    let mut text = String::new();
+    f.read_to_string(&mut text).ok()?;
+    text.lines().find_map(|line| {
+        let (a, b) = line.split_whitespace().next()?.split_once('-')?;
+        let (a, b) = (usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?);
+        (a <= addr && addr < b).then_some((a, b))
+    })
+}
+
 /// The number of CPUs this process may run on.
 pub fn online_cpus() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
@@ -152,6 +206,27 @@ pub fn online_cpus() -> usize {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    #[test]
+    fn vma_of_names_the_mapping_that_holds_an_address() {
+        assert_eq!(std::mem::size_of::<ProcmapQuery>(), 104, "the uapi struct's size");
+        let len = 16 * 4096;
+        let addr = mmap_reserve(len).expect("mmap");
+        // Guard pages on both sides: the kernel may not merge them with the mapping.
+        // SAFETY: our fresh mapping; PROT_NONE on its first and last page.
+        unsafe {
+            libc::mprotect(addr as *mut libc::c_void, 4096, libc::PROT_NONE);
+            libc::mprotect((addr + len - 4096) as *mut libc::c_void, 4096, libc::PROT_NONE);
+        }
+        let (a, b) = (addr + 4096, addr + len - 4096);
+        assert_eq!(vma_of(a), Some((a, b)));
+        assert_eq!(vma_of(b - 1), Some((a, b)));
+        assert_eq!(vma_of(addr), Some((addr, a)));
+        assert_eq!(vma_of(b), Some((b, addr + len)));
+        // SAFETY: ours, unused.
+        unsafe { munmap(addr, len) }.expect("munmap");
+        assert_eq!(vma_of(a), None, "nothing maps it any more");
+    }
 
     #[test]
     fn reserve_touch_release() {
@@ -236,6 +311,22 @@ pub fn is_resident(addr: usize) -> bool {
     // SAFETY: mincore writes one byte for one page into `vec`; the range is our mapping.
     let r = unsafe { libc::mincore(addr as *mut libc::c_void, crate::page::PAGE_SIZE, &mut vec) };
     r == 0 && vec & 1 == 1
+}
+
+/// Fills `out[k]` with whether page `k` of the range at `addr` (page-aligned, in a mapping
+/// of ours) is resident, with one mincore. False everywhere if mincore fails.
+pub fn residency(addr: usize, out: &mut [bool]) {
+    let mut vec = [0u8; 512];
+    for (chunk, part) in out.chunks_mut(vec.len()).enumerate() {
+        let at = addr + chunk * vec.len() * crate::page::PAGE_SIZE;
+        // SAFETY: mincore writes one byte per page of the range into `vec`, which has room
+        // for `part.len()` pages; it only reads page tables.
+        let r =
+            unsafe { libc::mincore(at as *mut libc::c_void, part.len() * crate::page::PAGE_SIZE, vec.as_mut_ptr()) };
+        for (k, o) in part.iter_mut().enumerate() {
+            *o = r == 0 && vec[k] & 1 == 1;
+        }
+    }
 }
 
 /// Blocks every asynchronous signal on the calling thread (pager threads call it first):

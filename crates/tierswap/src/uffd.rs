@@ -160,6 +160,19 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Bytes the operation reported done before it failed (0 for kinds that carry none).
+    pub fn done_bytes(&self) -> usize {
+        match *self {
+            Error::PageExist { done_bytes, .. }
+            | Error::Again { done_bytes, .. }
+            | Error::NoPage { done_bytes, .. }
+            | Error::Busy { done_bytes, .. } => done_bytes,
+            _ => 0,
+        }
+    }
+}
+
 /// The userfaultfd `Result`.
 pub type Result<T> = std::result::Result<T, Error>;
 

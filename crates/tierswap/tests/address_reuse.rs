@@ -3,18 +3,21 @@
 //! the range, and the program's call returns once a fault thread reads the event. Another
 //! thread's mmap can get the same address meanwhile. A managed mapping made there must not
 //! be taken for the old one: the old event would cut it from the map (and an mremap's pages
-//! would follow the new, empty region instead of the moved one).
+//! would follow the new, empty region instead of the moved one). Nor may anything the pager
+//! does to the old range land in whatever is mapped there now: a staging move out of it, a
+//! swap-in into it.
 //!
 //! To hold the event unread, the only fault thread is stalled (fault injection) on another
-//! fault while the program moves or unmaps, then maps again. Own test binary: the injection
-//! plan is process-wide.
+//! fault while the program moves or unmaps, then maps again. To hold it read but not
+//! handled, a swap-in's file read is slowed while it holds the pages the handler needs.
+//! Own test binary: the injection plan is process-wide.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tierswap::inject::{self, Kind, Spec};
-use tierswap::{Hint, Pager, PagerConfig};
+use tierswap::{Hint, Pager, PagerConfig, Tiers};
 
 const PAGE: usize = 4096;
 const PAGES: usize = 64;
@@ -106,14 +109,39 @@ fn stall_the_fault_thread(p: &Pager, busy: usize) -> std::thread::JoinHandle<()>
     // SAFETY: the first word of the test's own one-page mapping.
     unsafe { std::ptr::write_volatile(busy as *mut u64, 0x5eed) };
     assert!(p.evict_all() > 0);
+    stall_on(busy)
+}
+
+/// [`stall_the_fault_thread`] once `busy` (0x5eed in its first word) is swapped out.
+fn stall_on(busy: usize) -> std::thread::JoinHandle<()> {
     inject::install(&Spec::new().delay(Kind::FaultStall, STALL, 1, 1)).expect("tests build with fault injection");
     let toucher = std::thread::spawn(move || {
-        // SAFETY: as above; the read faults and waits for the stalled fault thread.
+        // SAFETY: the first word of the test's own one-page mapping; the read faults and
+        // waits for the stalled fault thread.
         let v = unsafe { std::ptr::read_volatile(busy as *const u64) };
         assert_eq!(v, 0x5eed, "the stalled fault's page");
     });
     wait_until("the fault thread stalls", || inject::report().kinds.iter().any(|k| k.injected == 1));
     toucher
+}
+
+/// Moves the mapping at `old` onto the reservation `to` (mremap) on a thread of its own,
+/// which sets `moved` once the call returns (its REMAP read).
+fn move_onto(old: usize, to: usize, moved: Arc<AtomicUsize>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        // SAFETY: the test's own managed mapping, moved whole onto the reservation.
+        let r = unsafe {
+            libc::mremap(
+                old as *mut libc::c_void,
+                PAGES * PAGE,
+                PAGES * PAGE,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                to as *mut libc::c_void,
+            )
+        };
+        assert_eq!(r as usize, to, "mremap: {}", std::io::Error::last_os_error());
+        moved.store(1, Ordering::SeqCst);
+    })
 }
 
 /// A pager, a one-page mapping for [`stall_the_fault_thread`], and a mapping of [`PAGES`]
@@ -147,23 +175,7 @@ fn a_mapping_made_where_an_mremap_left_does_not_take_the_moved_pages() {
 
     let toucher = stall_the_fault_thread(&p, busy);
     let moved = Arc::new(AtomicUsize::new(0));
-    let mover = {
-        let moved = moved.clone();
-        std::thread::spawn(move || {
-            // SAFETY: the test's own managed mapping, moved whole onto the reservation.
-            let r = unsafe {
-                libc::mremap(
-                    old as *mut libc::c_void,
-                    PAGES * PAGE,
-                    PAGES * PAGE,
-                    libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                    to as *mut libc::c_void,
-                )
-            };
-            assert_eq!(r as usize, to, "mremap: {}", std::io::Error::last_os_error());
-            moved.store(1, Ordering::SeqCst);
-        })
-    };
+    let mover = move_onto(old, to, moved.clone());
     wait_until("the old range is gone", || !is_mapped(old));
     assert_eq!(moved.load(Ordering::SeqCst), 0, "mremap returned before its REMAP was read");
     let again = map_again_where(&p, old);
@@ -218,4 +230,135 @@ fn a_mapping_made_where_a_munmap_left_stays_managed_and_the_old_slots_are_freed(
     // the stalled page's (evicted again).
     assert_eq!(s.swap_slots, PAGES as u64 + 1, "{s:?}");
     check(again, 11, "the new mapping after eviction");
+}
+
+/// Unmanaged, writable memory of [`PAGES`] pages at exactly `at` (which must be free).
+fn map_unmanaged_at(at: usize) -> usize {
+    // SAFETY: a fresh anonymous mapping at an address nothing maps (NOREPLACE checks).
+    let got = unsafe {
+        libc::mmap(
+            at as *mut libc::c_void,
+            PAGES * PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(got as usize, at, "mmap at {at:#x}: {}", std::io::Error::last_os_error());
+    at
+}
+
+#[test]
+fn staging_a_range_an_mremap_left_does_not_take_what_is_mapped_there_now() {
+    let _g = serial();
+    let p = pager();
+    let busy = p.map_detached(PAGE, Hint::Normal).unwrap() as usize;
+    let old = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
+    fill(old, 7);
+    // SAFETY: the first word of the test's own one-page mapping.
+    unsafe { std::ptr::write_volatile(busy as *mut u64, 0x5eed) };
+    assert!(p.evict_all() > PAGES);
+    // Back in, present: the pages reclaim would stage.
+    check(old, 7, "the mapping, swapped in");
+    let to = reserve(PAGES * PAGE);
+
+    let toucher = stall_on(busy);
+    let mover = move_onto(old, to, Arc::new(AtomicUsize::new(0)));
+    wait_until("the old range is gone", || !is_mapped(old));
+    // Someone else's memory where the mapping was; the REMAP is still unread.
+    let other = map_unmanaged_at(old);
+    fill(other, 5);
+    // Nothing may be staged: the region's only pages are at an address it no longer holds.
+    assert_eq!(p.stage_all(), 0, "staged pages of a range the kernel has moved away");
+    inject::clear();
+    mover.join().unwrap();
+    toucher.join().unwrap();
+    sync_events(&p);
+
+    check(other, 5, "the unmanaged memory mapped where the old range was");
+    check(to, 7, "the moved mapping");
+    assert!(p.evict_all() >= PAGES);
+    check(to, 7, "the moved mapping after eviction");
+    // SAFETY: the test's own unmanaged mapping.
+    assert_eq!(unsafe { libc::munmap(other as *mut libc::c_void, PAGES * PAGE) }, 0);
+}
+
+#[test]
+fn a_swap_in_racing_an_munmap_does_not_land_in_the_mapping_made_there() {
+    swap_in_racing(|p| {
+        let old = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
+        let give_up: Box<dyn FnOnce() + Send> = Box::new(move || {
+            // Returns once the other fault thread has read the UNMAP; its handler then waits
+            // for the locked pages.
+            // SAFETY: the test's own managed mapping, given up whole.
+            assert_eq!(unsafe { libc::munmap(old as *mut libc::c_void, PAGES * PAGE) }, 0);
+        });
+        (old, give_up)
+    });
+}
+
+#[test]
+fn a_swap_in_racing_a_dropped_region_does_not_land_in_the_mapping_made_there() {
+    swap_in_racing(|p| {
+        let region = p.region(PAGES * PAGE, Hint::Normal).unwrap();
+        let old = region.as_ptr() as usize;
+        // The pager unmaps it itself (no event): nothing marks it leaving but the drop.
+        let give_up: Box<dyn FnOnce() + Send> = Box::new(move || drop(region));
+        (old, give_up)
+    });
+}
+
+/// A swap-in of the first page of a mapping made by `make` (its address and how to give it
+/// up) sleeps in its file read, its ptes locked, while the mapping is given up and memory is
+/// mapped again at the same address: nothing of the old mapping may land there.
+fn swap_in_racing(make: impl FnOnce(&Pager) -> (usize, Box<dyn FnOnce() + Send>)) {
+    let _g = serial();
+    // Pages go to the file, whose reads fault injection can slow down; two fault threads,
+    // one to sleep in the read and one to take the UNMAP.
+    let config = PagerConfig {
+        budget_bytes: 64 << 20,
+        fault_threads: 2,
+        keep_clean: false,
+        tiers: Tiers { zero: true, pool: false, file: true },
+        ..Default::default()
+    };
+    let p = Pager::new(config).unwrap_or_else(|e| panic!("cannot start a pager (run as root): {e}"));
+    let (old, give_up) = make(&p);
+    fill(old, 9);
+    assert!(p.evict_all() >= PAGES);
+
+    // The access is the kernel's (a write(2) from the range): after the range is gone it
+    // fails or reads whatever is mapped there by then, without a signal.
+    inject::install(&Spec::new().delay(Kind::ReadSlow, STALL, 1, 1)).expect("tests build with fault injection");
+    let mut fds = [0i32; 2];
+    // SAFETY: a fresh pipe for this test.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let reader = std::thread::spawn(move || {
+        // SAFETY: eight bytes of the test's managed mapping into the test's pipe; the range
+        // may be gone by the time the kernel retries (EFAULT), which the test allows.
+        unsafe { libc::write(fds[1], old as *const libc::c_void, 8) }
+    });
+    wait_until("the swap-in sleeps in its read", || inject::report().kinds.iter().any(|k| k.injected == 1));
+    // On a thread of its own: dropping a Region waits for the locked pages after its munmap.
+    let giver = std::thread::spawn(give_up);
+    wait_until("the old range is gone", || !is_mapped(old));
+    inject::clear();
+    let again = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
+    assert_eq!(again, old, "the kernel hands the freed address out again (the case under test)");
+    giver.join().unwrap();
+    let wrote = reader.join().unwrap();
+    assert!(wrote == 8 || wrote == -1, "write(2) from the range: {wrote}");
+    sync_events(&p);
+
+    for q in 0..PAGES {
+        for i in 0..PAGE / 8 {
+            assert_eq!(word(again, q, i), 0, "the new mapping starts empty (page {q} word {i})");
+        }
+    }
+    // SAFETY: the test's pipe.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
 }
