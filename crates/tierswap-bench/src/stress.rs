@@ -199,6 +199,8 @@ pub enum StressError {
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct StressSpec {
+    /// The engine's name: `tierswap`, or the variant whose settings `pager` has.
+    pub engine: String,
     /// Worker threads.
     pub threads: usize,
     /// How long.
@@ -242,6 +244,8 @@ pub struct Accounting {
 /// What a stress run did and saw. Field names are the JSON `--json` writes.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct StressReport {
+    /// The engine (`tierswap` or a variant's name).
+    pub engine: String,
     /// Workers.
     pub threads: usize,
     /// Seconds run.
@@ -312,12 +316,15 @@ pub struct StressReport {
     pub engine_log_lines: u64,
     /// See `engine_log_lines`.
     pub engine_log_suppressed: u64,
+    /// Engine lines reporting an internal error (a broken invariant the engine survived):
+    /// any fails the run.
+    pub engine_internal_errors: u64,
 }
 
 impl StressReport {
     /// Whether the run passed: no mismatch, no hang, everything accounted for.
     pub fn passed(&self) -> bool {
-        self.mismatches == 0 && self.hangs == 0 && self.accounted
+        self.mismatches == 0 && self.hangs == 0 && self.accounted && self.engine_internal_errors == 0
     }
 
     /// The exit status: 0 passed, 3 hang, 1 anything else.
@@ -338,7 +345,8 @@ impl StressReport {
         let c = |k: &str| self.counters.get(k).copied().unwrap_or(0);
         let _ = writeln!(
             t,
-            "stress: {} threads, {:.0} s, seed {}, ops {}",
+            "stress: {}, {} threads, {:.0} s, seed {}, ops {}",
+            self.engine,
             self.threads,
             self.duration_s,
             self.seed,
@@ -409,11 +417,12 @@ impl StressReport {
         }
         let _ = writeln!(
             t,
-            "mismatches: {} (poisoned pages that stopped giving SIGBUS: {}), hangs: {}, accounted: {} => {}",
+            "mismatches: {} (poisoned pages that stopped giving SIGBUS: {}), hangs: {}, accounted: {}, internal errors: {} => {}",
             self.mismatches,
             self.poison_lifted,
             self.hangs,
             if self.accounted { "yes" } else { "NO" },
+            self.engine_internal_errors,
             if self.passed() { "PASS" } else { "FAIL" }
         );
         t
@@ -611,6 +620,7 @@ struct TapState {
     logged_corrupt: AtomicU64,
     lines: AtomicU64,
     suppressed: AtomicU64,
+    internal: AtomicU64,
     ended: (Mutex<bool>, Condvar),
     bar: Mutex<Option<ProgressBar>>,
     t0: Instant,
@@ -625,6 +635,7 @@ impl Default for TapState {
             logged_corrupt: Default::default(),
             lines: Default::default(),
             suppressed: Default::default(),
+            internal: Default::default(),
             ended: Default::default(),
             bar: Default::default(),
             t0: Instant::now(),
@@ -675,6 +686,7 @@ impl Tap {
             libc::close(fds[1]);
             orig
         };
+        arm_abort_drain(fds[0], orig_fd);
         // SAFETY: fds[0] is the pipe's read end, owned by the reader from here on.
         let read_end = unsafe { File::from_raw_fd(fds[0]) };
         // SAFETY: a second descriptor of the real stderr for the reader to write to.
@@ -708,6 +720,9 @@ impl Tap {
                     let engine = line.starts_with("tierswap: ");
                     if engine {
                         st.lines.fetch_add(1, Relaxed);
+                        if line.contains("internal error") {
+                            st.internal.fetch_add(1, Relaxed);
+                        }
                     }
                     if let Some(addr) = poisoned_addr(line) {
                         st.logged.fetch_add(1, Relaxed);
@@ -728,7 +743,10 @@ impl Tap {
                         }
                     }
                     // A pager giving up (a dead thread, a fatal error) is always shown.
-                    let fatal = line.contains("abort") || line.contains("panick") || line.contains("fatal");
+                    let fatal = line.contains("abort")
+                        || line.contains("panick")
+                        || line.contains("fatal")
+                        || line.contains("internal error");
                     if engine && shown >= SHOWN_ENGINE_LINES && !fatal {
                         st.suppressed.fetch_add(1, Relaxed);
                         continue;
@@ -752,6 +770,7 @@ impl Tap {
 
     /// Waits until every line written so far has been read, then gives fd 2 back.
     fn stop(mut self) {
+        disarm_abort_drain();
         eprintln!("{SENTINEL}");
         {
             let (m, cv) = &self.state.ended;
@@ -767,6 +786,73 @@ impl Tap {
         if let Some(r) = self.reader.take() {
             let _ = r.join();
         }
+    }
+}
+
+/// While the tap runs: a second descriptor of the pipe's read end (high 32 bits) and the
+/// real stderr (low 32 bits), for [`drain_on_abort`]; 0 when unarmed.
+static ABORT_DRAIN: AtomicU64 = AtomicU64::new(0);
+
+/// On SIGABRT (the pager's `fatal`, a panic under panic=abort) the engine's last words are
+/// in the pipe or on their way through the reader thread, and the process dies before the
+/// reader shows them. The handler gives the reader a moment, then copies whatever is still
+/// in the pipe to the real stderr itself, and the process ends as it would have.
+fn arm_abort_drain(read_fd: i32, orig_fd: i32) {
+    // SAFETY: a second descriptor of our pipe's read end, kept for the handler.
+    let dup = unsafe { libc::fcntl(read_fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if dup < 0 {
+        return;
+    }
+    ABORT_DRAIN.store((dup as u64) << 32 | orig_fd as u32 as u64, Relaxed);
+    // SAFETY: installs an async-signal-safe handler (nanosleep, poll, read, write,
+    // sigaction, raise only).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = drain_on_abort as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGABRT, &sa, std::ptr::null_mut());
+    }
+}
+
+fn disarm_abort_drain() {
+    let fds = ABORT_DRAIN.swap(0, Relaxed);
+    // SAFETY: back to the default action; then the handler's descriptor is closed.
+    unsafe {
+        libc::signal(libc::SIGABRT, libc::SIG_DFL);
+        if fds != 0 {
+            libc::close((fds >> 32) as i32);
+        }
+    }
+}
+
+extern "C" fn drain_on_abort(_sig: libc::c_int) {
+    let fds = ABORT_DRAIN.load(Relaxed);
+    if fds == 0 {
+        return;
+    }
+    let (read_fd, out_fd) = ((fds >> 32) as i32, fds as u32 as i32);
+    // SAFETY: only async-signal-safe calls, on descriptors kept open while armed, into a
+    // buffer on this stack.
+    unsafe {
+        let pause = libc::timespec { tv_sec: 0, tv_nsec: 200_000_000 };
+        libc::nanosleep(&pause, std::ptr::null_mut());
+        let mut buf = [0u8; 4096];
+        loop {
+            let mut p = libc::pollfd { fd: read_fd, events: libc::POLLIN, revents: 0 };
+            if libc::poll(&mut p, 1, 0) != 1 {
+                break;
+            }
+            let n = libc::read(read_fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len());
+            if n <= 0 {
+                break;
+            }
+            libc::write(out_fd, buf.as_ptr() as *const libc::c_void, n as usize);
+        }
+        // Dies as it would have, once this handler returns (kill -ABRT included).
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(libc::SIGABRT, &dfl, std::ptr::null_mut());
+        libc::raise(libc::SIGABRT);
     }
 }
 
@@ -1684,6 +1770,7 @@ fn collect_with(spec: &StressSpec, sh: &Shared, plan: Option<String>, stats: Opt
     let ops: BTreeMap<String, u64> =
         Op::ALL.iter().filter(|o| sh.on(**o)).map(|o| (o.name().to_string(), sh.ops[o.idx()].load(Relaxed))).collect();
     StressReport {
+        engine: spec.engine.clone(),
         threads: sh.beats.len(),
         duration_s: sh.start.elapsed().as_secs_f64(),
         seed: spec.seed,
@@ -1720,6 +1807,7 @@ fn finish_poisons(report: &mut StressReport, tap: &TapState) {
     report.poison_logged_corrupt = tap.logged_corrupt.load(Relaxed);
     report.engine_log_lines = tap.lines.load(Relaxed);
     report.engine_log_suppressed = tap.suppressed.load(Relaxed);
+    report.engine_internal_errors = tap.internal.load(Relaxed);
     let balance = tap.balance.lock().unwrap_or_else(|e| e.into_inner());
     let mut addrs: Vec<(&usize, &i64)> = balance.iter().filter(|(_, &n)| n != 0).collect();
     addrs.sort();

@@ -517,9 +517,15 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
 /// for, 3 a hang (the watchdog exits from inside the run).
 fn run_stress(b: &Bench, engines: &[tierswap_bench::EngineSpec], pager: PagerConfig) -> Result<ExitCode, UserError> {
     use tierswap_bench::stress;
-    if engines.iter().any(|e| e.kind != tierswap_bench::EngineKind::Tierswap || e.label() != "tierswap") {
-        return Err(UserError("--workload stress runs on plain tierswap only: leave out --engine".into()));
-    }
+    let pager = match engines {
+        [e] if e.kind == tierswap_bench::EngineKind::Tierswap => e.pager(&pager),
+        _ => {
+            return Err(UserError(
+                "--workload stress runs on one tierswap engine: leave out --engine, or name one tierswap variant (e.g. --engine tierswap:no-batch-release)".into(),
+            ))
+        }
+    };
+    pager.validate().map_err(|err| UserError(format!("engine '{}': {err}", engines[0].label())))?;
     let duration = stress::parse_duration(b.duration.as_deref().unwrap_or("60s"))?;
     let watchdog = stress::parse_duration(&b.watchdog).map_err(|e| UserError(format!("--watchdog: {e}")))?;
     let ops = stress::parse_ops(b.ops.as_deref().unwrap_or("default"))?;
@@ -549,6 +555,7 @@ fn run_stress(b: &Bench, engines: &[tierswap_bench::EngineSpec], pager: PagerCon
         return Err(UserError("--stress-mem must be at least 1M".into()));
     }
     let spec = stress::StressSpec {
+        engine: engines[0].label().to_string(),
         threads,
         duration,
         ops,

@@ -185,7 +185,8 @@ fn bad_stress_flags_are_one_line_exit_2() {
         (&["bench", "--workload", "stress", "--duration", "soon"], "cannot parse duration 'soon'"),
         (&["bench", "--workload", "stress", "--inject", "pool_alloc:2/1"], "--inject"),
         (&["bench", "--workload", "stress,seq64"], "stress runs alone"),
-        (&["bench", "--workload", "stress", "--engine", "kernel-zswap"], "plain tierswap only"),
+        (&["bench", "--workload", "stress", "--engine", "kernel-zswap"], "one tierswap engine"),
+        (&["bench", "--workload", "stress", "--engine", "tierswap,tierswap:batch-release"], "one tierswap engine"),
         (&["bench", "--workload", "seq64", "--duration", "10s"], "--duration is for --workload stress"),
         (&["bench", "--workload", "seq64", "--inject", "all"], "--inject is for --workload stress"),
     ] {
