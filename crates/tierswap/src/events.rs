@@ -29,10 +29,16 @@
 //!   or while it is being handled. The new region would otherwise be cut by the old event,
 //!   and an mremap's swapped pages would follow it instead of the moved range (they read as
 //!   zeros: tests/address_reuse.rs). The kernel follows a REMAP with an UNMAP of the old
-//!   range, so that range stays claimed until then too ([`RemappedFrom`]). Left open: the
-//!   same reuse by a *REMAP's* new range (the handler cannot wait for the events queued
-//!   behind it), which needs a thread preempted between its munmap's unlock and the
-//!   queueing of its event.
+//!   range, so that range stays claimed until then too ([`RemappedFrom`]).
+//! - A *REMAP's* new range cannot wait that way (the handler holds the event lock the
+//!   events behind it need). An old extent found there is stale just the same (the kernel
+//!   has put the moved range there), so the handler *displaces* it: out of the map, its
+//!   ptes kept and its region leaving, until its own UNMAP or REMAP comes and finds it
+//!   ([`Displaced`]). That UNMAP / REMAP then acts on the displaced piece, not on the new
+//!   region over it; so does the trailing UNMAP of an mremap whose old range a REMAP's
+//!   new range has taken. (Seen once in CI: a thread preempted between its munmap's
+//!   unlock and the queueing of its event; the old UNMAP then cut the moved region and its
+//!   swapped pages faulted for good.)
 //! - Installs into the program's range fail with EAGAIN while an event is queued; the
 //!   fault path leaves such pages as they were and wakes the thread, which faults again.
 //! - Reclaim and writeback: they hold the pte lock (reclaim) or the swap entry lock
@@ -55,7 +61,7 @@ use std::time::{Duration, Instant};
 
 use crate::fault::put_slot;
 use crate::page::{pages_to_bytes, BLOCK_PAGES, PAGE_SIZE};
-use crate::pager::{RegionInner, Shared};
+use crate::pager::{Piece, RegionInner, Shared};
 use crate::pagetable::{Pte, PteState, PTES_PER_CHUNK};
 use crate::swap::entry::MAX_COUNT;
 use crate::sys;
@@ -88,8 +94,15 @@ impl RemappedFrom {
     }
 
     /// `[start, end)` was unmapped: the old ranges it overlaps have had their UNMAP.
-    pub(crate) fn unmapped(&self, start: usize, end: usize) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).retain(|&(a, b, _)| b <= start || end <= a);
+    /// Returns them: nothing the map holds there now is the old mapping's (a REMAP's new
+    /// range may have taken the address since), so the UNMAP cuts nothing there.
+    pub(crate) fn unmapped(&self, start: usize, end: usize) -> Vec<(usize, usize)> {
+        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut gone: Vec<(usize, usize)> =
+            v.iter().filter(|&&(a, b, _)| a < end && start < b).map(|&(a, b, _)| (a, b)).collect();
+        v.retain(|&(a, b, _)| b <= start || end <= a);
+        gone.sort_unstable();
+        gone
     }
 
     /// Whether `[start, end)` overlaps an old range still waiting for its UNMAP.
@@ -98,6 +111,96 @@ impl RemappedFrom {
         v.retain(|&(_, _, t)| now.saturating_duration_since(t) < Self::WAIT);
         v.iter().any(|&(a, b, _)| a < end && start < b)
     }
+}
+
+/// Pieces of regions a REMAP's new range displaced from the map before their own UNMAP /
+/// REMAP came (events.rs, ordering rules). A piece keeps its ptes (its slots and staged
+/// pages are still the old region's) and one `leaving` mark on its region, so nothing is
+/// installed for it at addresses the new region holds now, until that event takes it.
+#[derive(Default)]
+pub(crate) struct Displaced(Mutex<Vec<DisplacedPiece>>);
+
+pub(crate) struct DisplacedPiece {
+    /// The program address of page `piece.lo`.
+    start: usize,
+    piece: Piece,
+}
+
+impl DisplacedPiece {
+    fn end(&self) -> usize {
+        self.start + pages_to_bytes(self.piece.hi - self.piece.lo)
+    }
+}
+
+impl Displaced {
+    /// Displaces `piece` (cut from the map at `start`): its region stays leaving.
+    fn push(&self, start: usize, piece: Piece) {
+        piece.region.leaving.fetch_add(1, Ordering::AcqRel);
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(DisplacedPiece { start, piece });
+    }
+
+    /// Takes the parts of displaced pieces within `[start, end)`, in address order; the
+    /// parts outside stay displaced. Each part taken carries a `leaving` mark the caller
+    /// gives back ([`Displaced::done`]) once it has dealt with the pages.
+    fn take(&self, start: usize, end: usize) -> Vec<DisplacedPiece> {
+        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut taken = Vec::new();
+        let mut i = 0;
+        while i < v.len() {
+            if v[i].end() <= start || end <= v[i].start {
+                i += 1;
+                continue;
+            }
+            let d = v.swap_remove(i);
+            let (a, b) = (d.start.max(start), d.end().min(end));
+            let page = |addr: usize| d.piece.lo + (addr - d.start) / PAGE_SIZE;
+            let part = |from: usize, to: usize| DisplacedPiece {
+                start: from,
+                piece: Piece { region: d.piece.region.clone(), lo: page(from), hi: page(to) },
+            };
+            for (from, to) in [(d.start, a), (b, d.end())] {
+                if from < to {
+                    d.piece.region.leaving.fetch_add(1, Ordering::AcqRel);
+                    v.push(part(from, to));
+                }
+            }
+            // The taken part carries the mark `d` held.
+            taken.push(part(a, b));
+        }
+        taken.sort_by_key(|d| d.start);
+        taken
+    }
+
+    /// Whether a piece of `r` is still displaced (its region must not be torn down yet).
+    fn holds(&self, r: &RegionInner) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|d| d.piece.region.id == r.id)
+    }
+
+    /// A taken part is dealt with: its region is no longer leaving on its account, and is
+    /// torn down if nothing of it is left.
+    fn done(&self, s: &Shared, d: DisplacedPiece) {
+        let r = &d.piece.region;
+        r.leaving.fetch_sub(1, Ordering::AcqRel);
+        if r.extents.load(Ordering::Acquire) == 0 && !self.holds(r) {
+            teardown(s, r);
+        }
+    }
+}
+
+/// The parts of `[start, end)` outside every range of `holes` (sorted, disjoint).
+fn outside(start: usize, end: usize, holes: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = start;
+    for &(a, b) in holes {
+        if a > at {
+            out.push((at, a.min(end)));
+        }
+        at = at.max(b);
+    }
+    if at < end {
+        out.push((at, end));
+    }
+    out
 }
 
 /// Handles one non-fault event. The caller holds `event_lock`.
@@ -131,13 +234,33 @@ fn remove(s: &Shared, start: usize, end: usize) {
     }
 }
 
-/// munmap of `[start, end)`: the range is gone already.
+/// munmap of `[start, end)`: the range is gone already. Where a REMAP's new range has
+/// taken part of it meanwhile, the UNMAP is the old mapping's, and acts on what that
+/// REMAP displaced (or, for the trailing UNMAP of an mremap, on nothing) instead.
 pub(crate) fn unmap(s: &Shared, start: usize, end: usize) {
-    s.remapped_from.unmapped(start, end);
+    let mut held = s.remapped_from.unmapped(start, end);
+    let displaced = s.displaced.take(start, end);
+    held.extend(displaced.iter().map(|d| (d.start, d.end())));
+    held.sort_unstable();
+    for (a, b) in outside(start, end, &held) {
+        forget(s, a, b);
+    }
+    for d in displaced {
+        if !d.piece.region.dead.load(Ordering::Acquire) {
+            discard(s, &d.piece.region, d.piece.lo, d.piece.hi);
+        }
+        s.displaced.done(s, d);
+    }
+}
+
+/// Cuts `[start, end)` out of the map and frees the pages cut, tearing down the regions
+/// left without an extent: the range is gone (an UNMAP's, or a stale extent the kernel
+/// has handed out again).
+pub(crate) fn forget(s: &Shared, start: usize, end: usize) {
     let pieces = s.regions.write().unwrap_or_else(|e| e.into_inner()).cut(start, end);
     for p in pieces {
         discard(s, &p.region, p.lo, p.hi);
-        if p.region.extents.load(Ordering::Acquire) == 0 {
+        if p.region.extents.load(Ordering::Acquire) == 0 && !s.displaced.holds(&p.region) {
             teardown(s, &p.region);
         }
     }
@@ -237,12 +360,42 @@ fn present_runs(addr: usize, n_pages: usize) -> Vec<(usize, usize)> {
 /// mremap moved `[from, from + len)` to `to`: the kernel moved the present pages; staged
 /// and swapped pages follow here, into a new region per piece of the old range.
 fn remap(s: &Shared, from: usize, to: usize, len: usize) {
+    // What left `[from, from + len)`: the map's extents there, except where a REMAP's new
+    // range took the address before this event came; there, the pieces it displaced.
+    let displaced = s.displaced.take(from, from + len);
+    let held: Vec<(usize, usize)> = displaced.iter().map(|d| (d.start, d.end())).collect();
+    let mut pieces: Vec<(usize, Piece, Option<DisplacedPiece>)> = {
+        let mut map = s.regions.write().unwrap_or_else(|e| e.into_inner());
+        outside(from, from + len, &held)
+            .into_iter()
+            .flat_map(|(a, b)| map.cut(a, b))
+            .map(|p| (p.region.page_addr(p.lo), p, None))
+            .collect()
+    };
+    for d in displaced {
+        let piece = Piece { region: d.piece.region.clone(), lo: d.piece.lo, hi: d.piece.hi };
+        pieces.push((d.start, piece, Some(d)));
+    }
+    pieces.sort_by_key(|(at, _, _)| *at);
     s.remapped_from.moved(from, from + len, Instant::now());
-    let pieces = s.regions.write().unwrap_or_else(|e| e.into_inner()).cut(from, from + len);
-    for p in pieces {
+    for (at, p, displaced) in pieces {
         let r = &p.region;
         let n = p.hi - p.lo;
-        let new_start = to + (r.page_addr(p.lo) - from);
+        let new_start = to + (at - from);
+        // The kernel has put the moved range here: an extent still in the map here is a
+        // mapping whose UNMAP / REMAP is on its way (displaced until it comes).
+        let stale = s.regions.write().unwrap_or_else(|e| e.into_inner()).cut(new_start, new_start + pages_to_bytes(n));
+        for q in stale {
+            s.counters.remap_displaced.fetch_add(1, Ordering::Relaxed);
+            s.displaced.push(q.region.page_addr(q.lo), q);
+        }
+        if r.dead.load(Ordering::Acquire) {
+            // A displaced piece of a region torn down meanwhile: nothing to follow.
+            if let Some(d) = displaced {
+                s.displaced.done(s, d);
+            }
+            continue;
+        }
         let mode = RegisterMode { missing: true, wp: r.clean_tracking, minor: false };
         match s.new_region_at(new_start, n, r.hint, mode, true) {
             Ok(new) => {
@@ -264,8 +417,10 @@ fn remap(s: &Shared, from: usize, to: usize, len: usize) {
                 discard(s, r, p.lo, p.hi);
             }
         }
-        if r.extents.load(Ordering::Acquire) == 0 {
-            teardown(s, r);
+        match displaced {
+            Some(d) => s.displaced.done(s, d),
+            None if r.extents.load(Ordering::Acquire) == 0 && !s.displaced.holds(r) => teardown(s, r),
+            None => {}
         }
     }
 }
@@ -644,8 +799,23 @@ fn serve_child_fault(s: &Shared, child: &mut Child, addr: usize, write: bool, sc
 
 #[cfg(test)]
 mod tests {
-    use super::RemappedFrom;
+    use super::{outside, RemappedFrom};
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn outside_is_the_range_less_its_holes() {
+        assert_eq!(outside(0x1000, 0x9000, &[]), vec![(0x1000, 0x9000)]);
+        assert_eq!(
+            outside(0x1000, 0x9000, &[(0x2000, 0x3000), (0x5000, 0x6000)]),
+            vec![(0x1000, 0x2000), (0x3000, 0x5000), (0x6000, 0x9000)]
+        );
+        // Holes over the ends, overlapping each other, or covering it all.
+        assert_eq!(
+            outside(0x1000, 0x9000, &[(0x0, 0x2000), (0x1800, 0x4000), (0x8000, 0xa000)]),
+            vec![(0x4000, 0x8000)]
+        );
+        assert_eq!(outside(0x1000, 0x9000, &[(0x0, 0xa000)]), vec![]);
+    }
 
     #[test]
     fn a_moved_range_is_pending_until_an_unmap_over_it_or_the_wait_ends() {
@@ -655,7 +825,7 @@ mod tests {
         r.moved(0x50000, 0x60000, t0);
         assert!(r.pending(0x1f000, 0x30000, t0), "overlaps the first");
         assert!(!r.pending(0x20000, 0x50000, t0), "between the two: touches neither");
-        r.unmapped(0x18000, 0x19000);
+        assert_eq!(r.unmapped(0x18000, 0x19000), vec![(0x10000, 0x20000)], "the whole old range is the UNMAP's");
         assert!(!r.pending(0x10000, 0x20000, t0), "an UNMAP over part of it ends the wait");
         assert!(r.pending(0x50000, 0x51000, t0), "the other still waits");
         assert!(r.pending(0x50000, 0x51000, t0 + RemappedFrom::WAIT - Duration::from_millis(1)));

@@ -307,6 +307,8 @@ pub(crate) struct Shared {
     pub(crate) leaving_marks: Mutex<Vec<Arc<RegionInner>>>,
     /// Old ranges of mremaps whose trailing UNMAP is still to come.
     pub(crate) remapped_from: crate::events::RemappedFrom,
+    /// Stale extents a REMAP's new range displaced, until their own event comes.
+    pub(crate) displaced: crate::events::Displaced,
     pub(crate) config: PagerConfig,
     pub(crate) regions: RwLock<RegionMap>,
     pub(crate) swap: SwapSpace,
@@ -663,7 +665,7 @@ impl Shared {
                     start,
                     STALE_EXTENT_PATIENCE.as_secs()
                 );
-                crate::events::unmap(self, start, start + len);
+                crate::events::forget(self, start, start + len);
                 held
             }
         };
@@ -937,6 +939,7 @@ impl Pager {
             install_gate: RwLock::new(()),
             leaving_marks: Mutex::new(Vec::new()),
             remapped_from: Default::default(),
+            displaced: Default::default(),
             config,
             regions: RwLock::new(RegionMap::default()),
             swap,

@@ -155,6 +155,9 @@ counters! {
     /// Waits (200 µs each) of a new mapping for the UNMAP / REMAP event of the mapping the
     /// kernel had at its address before, still in the pager's map (`Shared::claim_range`).
     stale_extent_waits,
+    /// Stale extents found where a REMAP put its new range (a mapping whose own UNMAP /
+    /// REMAP was still to come), set aside until that event came (events.rs, `Displaced`).
+    remap_displaced,
     /// Pages of forked children served from the parent's swap.
     child_faults,
     /// Faults on registered memory the pager does not manage (the part an mremap grew),

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tierswap::inject::{self, Kind, Spec};
+use tierswap::uffd::{features, Event, RegisterMode, Uffd};
 use tierswap::{Hint, Pager, PagerConfig, Tiers};
 
 const PAGE: usize = 4096;
@@ -129,19 +130,25 @@ fn stall_on(busy: usize) -> std::thread::JoinHandle<()> {
 /// which sets `moved` once the call returns (its REMAP read).
 fn move_onto(old: usize, to: usize, moved: Arc<AtomicUsize>) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        // SAFETY: the test's own managed mapping, moved whole onto the reservation.
-        let r = unsafe {
-            libc::mremap(
-                old as *mut libc::c_void,
-                PAGES * PAGE,
-                PAGES * PAGE,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                to as *mut libc::c_void,
-            )
-        };
-        assert_eq!(r as usize, to, "mremap: {}", std::io::Error::last_os_error());
+        mremap_fixed(old, to);
         moved.store(1, Ordering::SeqCst);
     })
+}
+
+/// Moves the test's managed mapping of [`PAGES`] pages at `old` to exactly `to`
+/// (mremap(MREMAP_FIXED), which replaces whatever is mapped there).
+fn mremap_fixed(old: usize, to: usize) {
+    // SAFETY: the test's own managed mapping, moved whole onto memory of the test's.
+    let r = unsafe {
+        libc::mremap(
+            old as *mut libc::c_void,
+            PAGES * PAGE,
+            PAGES * PAGE,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            to as *mut libc::c_void,
+        )
+    };
+    assert_eq!(r as usize, to, "mremap: {}", std::io::Error::last_os_error());
 }
 
 /// A pager, a one-page mapping for [`stall_the_fault_thread`], and a mapping of [`PAGES`]
@@ -361,4 +368,155 @@ fn swap_in_racing(make: impl FnOnce(&Pager) -> (usize, Box<dyn FnOnce() + Send>)
         libc::close(fds[0]);
         libc::close(fds[1]);
     }
+}
+
+/// `check` on a thread of its own, failing after 10 s instead of hanging the test binary
+/// (a page the pager lost track of faults for good).
+fn check_within(base: usize, salt: u64, what: &'static str) {
+    let limit = Duration::from_secs(10);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let ok = std::panic::catch_unwind(|| check(base, salt, what));
+        let _ = tx.send(ok.is_ok());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(true) => {}
+        Ok(false) => panic!("{what}: bytes differ (see the panic above)"),
+        Err(_) => panic!("{what}: a read still waits for its page after {limit:?}"),
+    }
+}
+
+/// Refills the mapping at `base` with `salt`, evicts it and checks it: still managed.
+fn still_managed(p: &Pager, base: usize, salt: u64, what: &'static str) {
+    fill(base, salt);
+    assert!(p.evict_all() >= PAGES, "{what}: evicted");
+    check_within(base, salt, what);
+}
+
+/// `[addr, addr + len)` (the test's reservation) made accessible and registered on a
+/// userfaultfd of its own with UNMAP events, which the test reads itself: a munmap or
+/// mremap that unmaps it waits until the test has read that UNMAP before it queues the
+/// pager's events.
+fn registered_elsewhere(addr: usize, len: usize) -> Uffd {
+    // SAFETY: the test's own reservation, made accessible.
+    assert_eq!(unsafe { libc::mprotect(addr as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_WRITE) }, 0);
+    let other = Uffd::new(features::EVENT_UNMAP, false).expect("a second userfaultfd");
+    other.register(addr, len, RegisterMode { missing: true, wp: false, minor: false }).expect("register");
+    other
+}
+
+/// Reads the UNMAP held on `other`, letting the call that raised it go on.
+fn let_go(other: &Uffd) {
+    let mut events = Vec::new();
+    other.read_events(&mut events, 1).expect("read the other userfaultfd");
+    assert!(matches!(events[..], [Event::Unmap { .. }]), "{events:?}");
+}
+
+/// mremap(MREMAP_FIXED) onto a managed mapping replaces that mapping, and the pager gets
+/// the REMAP and the replaced mapping's UNMAP. However the kernel orders them, the moved
+/// range keeps its pages and stays managed.
+#[test]
+fn an_mremap_onto_a_managed_mapping_keeps_the_moved_pages() {
+    let _g = serial();
+    let p = pager();
+    let dest = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
+    let src = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
+    fill(dest, 5);
+    fill(src, 7);
+    assert!(p.evict_all() >= 2 * PAGES);
+    assert_eq!(p.stats().swap_slots, 2 * PAGES as u64);
+
+    mremap_fixed(src, dest);
+    sync_events(&p);
+
+    check_within(dest, 7, "the moved mapping");
+    assert_eq!(p.mapping_of(dest), Some((dest, PAGES * PAGE)), "the moved mapping is in the map");
+    let s = p.stats();
+    // The replaced mapping's slots went with its UNMAP; the moved pages came back in.
+    assert_eq!(s.swap_slots, 0, "{s:?}");
+    still_managed(&p, dest, 9, "the moved mapping after eviction");
+    let s = p.stats();
+    assert_eq!(s.counters.event_remap, 1, "{s:?}");
+    // The replaced mapping's, the source range's (after the REMAP) and sync_events'.
+    assert_eq!(s.counters.event_unmap, 3, "{s:?}");
+}
+
+/// A munmap's UNMAP can be queued after a REMAP whose new range took the address the munmap
+/// freed: the kernel frees the range, drops its lock, and only then queues the event (seen
+/// in CI: a thread preempted there). The old UNMAP must then free the old mapping's pages,
+/// not the moved range's. Held back here with [`registered_elsewhere`]: a munmap over that
+/// page and the managed range below it queues the other userfaultfd's UNMAP first.
+#[test]
+fn an_unmap_queued_after_a_remap_onto_its_range_leaves_the_moved_pages_alone() {
+    let _g = serial();
+    let p = pager();
+    // [other page][old mapping], adjacent: a reservation, the managed mapping moved onto
+    // its upper part, an unmanaged page registered on `other` below it.
+    let area = reserve(PAGE + PAGES * PAGE);
+    let old = area + PAGE;
+    let first = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
+    fill(first, 3);
+    mremap_fixed(first, old);
+    sync_events(&p);
+    // The mapping to move there later, made now: while the pager's UNMAP is held back, the
+    // kernel fails every change to managed memory with EAGAIN (reclaim could not run) and
+    // would hand the freed address to a new mapping.
+    let moved = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
+    fill(moved, 7);
+    assert!(p.evict_all() >= 2 * PAGES);
+    let other = registered_elsewhere(area, PAGE);
+
+    let unmapper = std::thread::spawn(move || {
+        // SAFETY: the test's own mappings, given up: the page below and the managed range.
+        let r = unsafe { libc::munmap(area as *mut libc::c_void, PAGE + PAGES * PAGE) };
+        assert_eq!(r, 0, "munmap: {}", std::io::Error::last_os_error());
+    });
+    // The range is free now, but the pager's UNMAP waits for `other`'s to be read.
+    wait_until("the old range is gone", || !is_mapped(old));
+    mremap_fixed(moved, old);
+    // The munmap goes on: it queues the pager's UNMAP of the old range now.
+    let_go(&other);
+    unmapper.join().unwrap();
+    sync_events(&p);
+
+    check_within(old, 7, "the moved mapping");
+    assert_eq!(p.mapping_of(old), Some((old, PAGES * PAGE)), "the moved mapping is still in the map");
+    let s = p.stats();
+    assert_eq!(s.counters.remap_displaced, 1, "the old extent was displaced: {s:?}");
+    // The old mapping's slots went with its UNMAP; the moved pages came back in.
+    assert_eq!(s.swap_slots, 0, "{s:?}");
+    still_managed(&p, old, 9, "the moved mapping after eviction");
+}
+
+/// The same for an mremap's REMAP held back while another REMAP takes the range it left:
+/// the late REMAP must carry the old mapping's pages, not the newcomer's. Held back the
+/// same way: mremap(MREMAP_FIXED) onto memory registered elsewhere first unmaps it, and
+/// waits for that UNMAP to be read before queueing its REMAP.
+#[test]
+fn a_remap_queued_after_a_remap_onto_its_old_range_moves_the_right_pages() {
+    let _g = serial();
+    let p = pager();
+    let old = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
+    let moved = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
+    fill(old, 3);
+    fill(moved, 7);
+    assert!(p.evict_all() >= 2 * PAGES);
+    // The destination of the held-back mremap: unmanaged, registered elsewhere.
+    let dest = reserve(PAGES * PAGE);
+    let other = registered_elsewhere(dest, PAGES * PAGE);
+
+    let mover = std::thread::spawn(move || mremap_fixed(old, dest));
+    wait_until("the old range is gone", || !is_mapped(old));
+    mremap_fixed(moved, old);
+    let_go(&other);
+    mover.join().unwrap();
+    sync_events(&p);
+
+    check_within(old, 7, "the mapping moved second");
+    check_within(dest, 3, "the mapping moved first");
+    let s = p.stats();
+    assert_eq!(s.counters.remap_displaced, 1, "the first mapping's extent was displaced: {s:?}");
+    assert_eq!(s.swap_slots, 0, "{s:?}");
+    still_managed(&p, old, 9, "the mapping moved second, after eviction");
+    still_managed(&p, dest, 5, "the mapping moved first, after eviction");
 }
