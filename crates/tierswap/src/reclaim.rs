@@ -86,7 +86,60 @@ struct Reclaim {
     last_steal: u64,
     /// Staging windows, made on first use: `[plain, write-protect tracking]`.
     windows: [Option<usize>; 2],
+    /// The last staging run through each window, to name a page found left in it.
+    last_runs: [RunLog; 2],
     warned_window: bool,
+}
+
+/// What a staging run did, move by move: kept per window so that the internal error for a
+/// page found in the window can say which run it could be from (the run before).
+#[derive(Clone, Copy, Default)]
+struct RunLog {
+    region: u64,
+    /// Each move into the window: (first page, pages asked, pages taken, outcome).
+    moves: [(usize, usize, usize, &'static str); 8],
+    n: usize,
+}
+
+impl RunLog {
+    fn start(&mut self, region: u64) {
+        *self = RunLog { region, ..RunLog::default() };
+    }
+
+    fn push(&mut self, at: usize, asked: usize, taken: usize, outcome: &'static str) {
+        if let Some(m) = self.moves.get_mut(self.n) {
+            *m = (at, asked, taken, outcome);
+        }
+        self.n += 1;
+    }
+}
+
+impl std::fmt::Display for RunLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "region {}:", self.region)?;
+        for &(at, asked, taken, outcome) in &self.moves[..self.n.min(self.moves.len())] {
+            write!(f, " [pages {at}+{asked}: {taken} taken, {outcome}]")?;
+        }
+        if self.n > self.moves.len() {
+            write!(f, " and {} more moves", self.n - self.moves.len())?;
+        }
+        Ok(())
+    }
+}
+
+/// The errno behind a move's outcome, for [`RunLog`].
+fn outcome(res: &uffd::Result<usize>) -> &'static str {
+    match res {
+        Ok(_) => "ok",
+        Err(uffd::Error::PageExist { .. }) => "EEXIST",
+        Err(uffd::Error::Again { op, .. }) if op.starts_with("change to a leaving") => "leaving",
+        Err(uffd::Error::Again { .. }) => "EAGAIN",
+        Err(uffd::Error::NoPage { .. }) => "ENOENT",
+        Err(uffd::Error::Busy { .. }) => "EBUSY",
+        Err(uffd::Error::BadAddress { .. }) => "EFAULT",
+        Err(uffd::Error::Invalid { .. }) => "EINVAL",
+        Err(_) => "other",
+    }
 }
 
 /// Where staging moves a run of the program's pages first, on its way to the mirror: a
@@ -203,6 +256,7 @@ impl Reclaim {
             last_activate: 0,
             last_steal: 0,
             windows: [None; 2],
+            last_runs: [RunLog::default(); 2],
             warned_window: false,
         })
     }
@@ -475,6 +529,9 @@ impl Reclaim {
         let mut i = from;
         let mut staged = 0;
         let mut again = 0;
+        let k = r.clean_tracking as usize;
+        let before = self.last_runs[k];
+        self.last_runs[k].start(r.id);
         while i < to {
             let len = (to - i) * PAGE_SIZE;
             // SAFETY: pages [i, to) are locked present pages of the program's range and the
@@ -482,17 +539,21 @@ impl Reclaim {
             // atomic with respect to the program, which faults on a touch and is served
             // from the mirror once we unlock.
             let res = self.s.guarded(r, || unsafe { self.s.uffd.move_pages(window, r.page_addr(i), len, true, false) });
+            // The window, not the count, says how many pages moved: Linux 6.18 can report
+            // fewer than a batched move took before it ended in EAGAIN (the events stress
+            // caught 4 reported of 12 moved).
+            let taken = match &res {
+                Ok(bytes) => bytes / PAGE_SIZE,
+                Err(e @ uffd::Error::PageExist { .. }) => e.done_bytes() / PAGE_SIZE,
+                Err(_) => self.moved_into_window(window, to - i),
+            };
+            self.last_runs[k].push(i, to - i, taken, outcome(&res));
             let (done, skip) = match res {
                 Ok(bytes) => (bytes / PAGE_SIZE, None),
                 Err(e) => {
-                    // The window, not the count, says how many pages moved: Linux 6.18 can
-                    // report fewer than a batched move took before it ended in EAGAIN (the
-                    // events stress caught 4 reported of 12 moved).
-                    let done = match e {
-                        // The window was not empty: not a count to check against it (below).
-                        uffd::Error::PageExist { .. } => e.done_bytes() / PAGE_SIZE,
-                        _ => self.moved_into_window(window, to - i).max(e.done_bytes() / PAGE_SIZE),
-                    };
+                    // EEXIST: the window was not empty, so `taken` is the count, not
+                    // checked against the window (below).
+                    let done = taken.max(e.done_bytes() / PAGE_SIZE);
                     let at = i + done;
                     let skip = match e {
                         uffd::Error::Busy { .. } => Some(PteState::Present),
@@ -513,8 +574,9 @@ impl Reclaim {
                             // stops the move there) are staged; the rest stay present.
                             let ours = done_bytes / PAGE_SIZE;
                             eprintln!(
-                                "tierswap: internal error: the staging window at {window:#x} holds pages no staging run put there ({}); set aside, a new window is used",
-                                window_contents(window, to - i)
+                                "tierswap: internal error: the staging window at {window:#x} holds pages no staging run put there ({}); set aside, a new window is used (this run: region {} pages {i}..{to}; the run before through it: {before})",
+                                window_contents(window, to - i),
+                                r.id
                             );
                             if ours > 0 {
                                 self.unwindow(r, window, i, ours);
@@ -527,7 +589,7 @@ impl Reclaim {
                                     per_block[(k - span_start) / BLOCK_PAGES] += 1;
                                 }
                             }
-                            self.windows[r.clean_tracking as usize] = None;
+                            self.windows[k] = None;
                             return staged + ours;
                         }
                         // The program unmapped or moved the range (munmap / mremap): its
