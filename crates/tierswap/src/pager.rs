@@ -196,9 +196,18 @@ impl RegionMap {
         (addr < *end).then(|| r.clone())
     }
 
-    /// Adds a region as one extent covering its whole program range.
+    /// Adds a region as one extent covering its whole program range. The caller has made
+    /// sure nothing overlaps it (`Shared::claim_range`, the REMAP handler's displacement):
+    /// an overlap would hide one region behind the other, so it is reported.
     pub(crate) fn insert(&mut self, r: Arc<RegionInner>) {
-        self.insert_extent(r.start, r.start + r.len_bytes(), &r);
+        let (start, end) = (r.start, r.start + r.len_bytes());
+        for p in self.overlapping(start, end) {
+            eprintln!(
+                "tierswap: internal error: the new region {} at {start:#x}..{end:#x} overlaps pages {}..{} of region {} in the map",
+                r.id, p.lo, p.hi, p.region.id
+            );
+        }
+        self.insert_extent(start, end, &r);
         self.by_id.insert(r.id, r);
     }
 
