@@ -412,6 +412,29 @@ fn let_go(other: &Uffd) {
     assert!(matches!(events[..], [Event::Unmap { .. }]), "{events:?}");
 }
 
+/// Once `giver` (blocked on `other`) has let go of `old`, moves the managed mapping at
+/// `moved` there, then lets the giver go on (its pager event is queued only now, after the
+/// REMAP) and waits until the pager has handled everything.
+fn move_in_while_held(p: &Pager, moved: usize, old: usize, other: &Uffd, giver: std::thread::JoinHandle<()>) {
+    wait_until("the old range is gone", || !is_mapped(old));
+    mremap_fixed(moved, old);
+    let_go(other);
+    giver.join().unwrap();
+    sync_events(p);
+}
+
+/// Two managed mappings of [`PAGES`] pages, filled with `salt_a` and `salt_b` and swapped
+/// out (every slot theirs).
+fn two_swapped_out(p: &Pager, salt_a: u64, salt_b: u64) -> (usize, usize) {
+    let a = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
+    let b = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
+    fill(a, salt_a);
+    fill(b, salt_b);
+    assert!(p.evict_all() >= 2 * PAGES);
+    assert_eq!(p.stats().swap_slots, 2 * PAGES as u64);
+    (a, b)
+}
+
 /// mremap(MREMAP_FIXED) onto a managed mapping replaces that mapping, and the pager gets
 /// the REMAP and the replaced mapping's UNMAP. However the kernel orders them, the moved
 /// range keeps its pages and stays managed.
@@ -419,12 +442,7 @@ fn let_go(other: &Uffd) {
 fn an_mremap_onto_a_managed_mapping_keeps_the_moved_pages() {
     let _g = serial();
     let p = pager();
-    let dest = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
-    let src = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
-    fill(dest, 5);
-    fill(src, 7);
-    assert!(p.evict_all() >= 2 * PAGES);
-    assert_eq!(p.stats().swap_slots, 2 * PAGES as u64);
+    let (dest, src) = two_swapped_out(&p, 5, 7);
 
     mremap_fixed(src, dest);
     sync_events(&p);
@@ -472,12 +490,7 @@ fn an_unmap_queued_after_a_remap_onto_its_range_leaves_the_moved_pages_alone() {
         assert_eq!(r, 0, "munmap: {}", std::io::Error::last_os_error());
     });
     // The range is free now, but the pager's UNMAP waits for `other`'s to be read.
-    wait_until("the old range is gone", || !is_mapped(old));
-    mremap_fixed(moved, old);
-    // The munmap goes on: it queues the pager's UNMAP of the old range now.
-    let_go(&other);
-    unmapper.join().unwrap();
-    sync_events(&p);
+    move_in_while_held(&p, moved, old, &other, unmapper);
 
     check_within(old, 7, "the moved mapping");
     assert_eq!(p.mapping_of(old), Some((old, PAGES * PAGE)), "the moved mapping is still in the map");
@@ -496,21 +509,13 @@ fn an_unmap_queued_after_a_remap_onto_its_range_leaves_the_moved_pages_alone() {
 fn a_remap_queued_after_a_remap_onto_its_old_range_moves_the_right_pages() {
     let _g = serial();
     let p = pager();
-    let old = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
-    let moved = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
-    fill(old, 3);
-    fill(moved, 7);
-    assert!(p.evict_all() >= 2 * PAGES);
+    let (old, moved) = two_swapped_out(&p, 3, 7);
     // The destination of the held-back mremap: unmanaged, registered elsewhere.
     let dest = reserve(PAGES * PAGE);
     let other = registered_elsewhere(dest, PAGES * PAGE);
 
     let mover = std::thread::spawn(move || mremap_fixed(old, dest));
-    wait_until("the old range is gone", || !is_mapped(old));
-    mremap_fixed(moved, old);
-    let_go(&other);
-    mover.join().unwrap();
-    sync_events(&p);
+    move_in_while_held(&p, moved, old, &other, mover);
 
     check_within(old, 7, "the mapping moved second");
     check_within(dest, 3, "the mapping moved first");
