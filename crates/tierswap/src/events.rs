@@ -457,6 +457,13 @@ fn transfer(s: &Shared, old: &RegionInner, lo: usize, hi: usize, new: &Arc<Regio
         for i in b..e {
             let o = olds[i - b];
             let moved = match o.state() {
+                // Still poisoned where it went: mremap moves the marker with the page
+                // tables, and had it not, the fault there re-arms it (`Present` and
+                // poisoned). As plain `Present`, reclaim found no page to stage, set the
+                // pte `None`, and a neighbour's fault-around installed zeros over the
+                // marker: the page that gave SIGBUS read back as zeros (the 10-minute
+                // injection stress, once in 1.8 M ops).
+                PteState::Present if o.is_poisoned() => Pte::poisoned(),
                 PteState::Present => {
                     // The kernel moved the page; it may still be write-protected, and a
                     // write then only drops the (gone) kept slot. Known dirty from here.
