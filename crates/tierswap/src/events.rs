@@ -192,8 +192,11 @@ fn outside(start: usize, end: usize, holes: &[(usize, usize)]) -> Vec<(usize, us
     let mut out = Vec::new();
     let mut at = start;
     for &(a, b) in holes {
+        if a >= end {
+            break;
+        }
         if a > at {
-            out.push((at, a.min(end)));
+            out.push((at, a));
         }
         at = at.max(b);
     }
@@ -822,6 +825,8 @@ mod tests {
             vec![(0x4000, 0x8000)]
         );
         assert_eq!(outside(0x1000, 0x9000, &[(0x0, 0xa000)]), vec![]);
+        // Holes past the end change nothing.
+        assert_eq!(outside(0x1000, 0x2000, &[(0x3000, 0x4000), (0x5000, 0x6000)]), vec![(0x1000, 0x2000)]);
     }
 
     #[test]
