@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what tierswap needs on a fresh Debian machine: a C compiler (zstd-sys builds
-# zstd from source), pkg-config, the swap tools the lab uses, and a Rust toolchain.
+# zstd from source), pkg-config, and the swap tools the lab uses; checks the Rust toolchain.
 # Idempotent: does nothing when everything is there.
 set -euo pipefail
 
@@ -23,11 +23,13 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-if ! command -v cargo >/dev/null 2>&1; then
-  if [ -x "$HOME/.cargo/bin/cargo" ]; then
-    export PATH="$HOME/.cargo/bin:$PATH"
-  else
-    echo "setup: no Rust toolchain; installing Debian's cargo" >&2
-    apt-get install -y -qq cargo rustc >/dev/null
-  fi
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+# The workspace's rust-version (Cargo.toml); a dependency of the tests (proptest) wants it.
+min_rust=1.88
+have_rust=$(rustc --version 2>/dev/null | awk '{print $2}')
+if [ -z "$have_rust" ] || [ "$(printf '%s\n%s\n' "$min_rust" "$have_rust" | sort -V | head -n 1)" != "$min_rust" ]; then
+  echo "setup: tierswap needs Rust >= $min_rust (found: ${have_rust:-none}); install it with rustup (https://rustup.rs) and run this again (Debian's rustc is older)" >&2
+  exit 2
 fi

@@ -37,7 +37,7 @@ impl MetadataReport {
         let mut s = format!(
             "tierswap metadata for {} swapped pages ({} MiB):\n",
             self.swapped_pages,
-            self.swapped_pages * 4096 >> 20
+            (self.swapped_pages * 4096) >> 20
         );
         s += &row("ptes (8 B per region page)", b.pte_bytes);
         s += &row("swap table (8 B per slot)", b.swap_table_bytes);

@@ -71,6 +71,8 @@ pub fn write_plots(dir: &Path, title: &str, summaries: &[Summary]) -> Result<Vec
 }
 
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
+/// A plotted quantity: its axis label and (median, min, max) of a summary.
+type Metric = (&'static str, fn(&Summary) -> (f64, f64, f64));
 
 /// Heading font sizes: the workload's name, then the lab's settings.
 const NAME_PX: u32 = 20;
@@ -112,7 +114,7 @@ fn draw(path: &Path, title: &str, rows: &[&Summary], variants: &[&str]) -> DrawR
         head.draw(&Text::new(line.clone(), (20, y as i32), ("sans-serif", SETTINGS_PX).into_font()))?;
     }
     let panels = body.split_evenly((1, 2));
-    let metrics: [(&str, fn(&Summary) -> (f64, f64, f64)); 2] = [
+    let metrics: [Metric; 2] = [
         ("refault time (s), median and min–max", |s| (s.refault_s.median, s.refault_s.min, s.refault_s.max)),
         ("µs per refaulted page", |s| {
             (s.refault_us_per_page.median, s.refault_us_per_page.min, s.refault_us_per_page.max)

@@ -536,7 +536,7 @@ fn one_run_inner(
                     _ => proc_kib(pid, "VmRSS:") * 1024,
                 };
                 peak.fetch_max(v, Relaxed);
-                if setup == Setup::Tierswap && n % 10 == 0 {
+                if setup == Setup::Tierswap && n.is_multiple_of(10) {
                     if let Some(f) = tierswap_footprint(&bin, pid) {
                         fp_peak.fetch_max(f, Relaxed);
                     }

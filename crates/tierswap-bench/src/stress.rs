@@ -402,6 +402,16 @@ impl StressReport {
             self.drain_moved,
             c("throttled_faults"),
         );
+        let _ = writeln!(
+            t,
+            "engine events: unmap {}, remap {} (displaced {}), remove {}, stale faults {}, uncounted moves {}",
+            c("event_unmap"),
+            c("event_remap"),
+            c("remap_displaced"),
+            c("event_remove"),
+            c("faults_stale"),
+            c("move_uncounted"),
+        );
         let _ = writeln!(t, "engine log: {} lines ({} not shown)", self.engine_log_lines, self.engine_log_suppressed);
         for m in &self.mismatch_examples {
             let _ = writeln!(t, "  mismatch: {m}");
@@ -1438,8 +1448,8 @@ fn worker(sh: &Shared, t: usize, seed: u64) {
             }
             // A third of the reads share their region with other readers (the same pages may
             // fault in two threads at once); the region stays in the pool meanwhile.
-            Op::Read if rng.chance(1, 3) => match sh.peek_region(&mut rng) {
-                Some(slot) => {
+            Op::Read if rng.chance(1, 3) => {
+                if let Some(slot) = sh.peek_region(&mut rng) {
                     let r = slot.read().unwrap_or_else(|e| e.into_inner());
                     if !r.dead() {
                         let (first, n) = pick_pages(&mut rng, r.pages.len());
@@ -1451,8 +1461,7 @@ fn worker(sh: &Shared, t: usize, seed: u64) {
                         sh.shared_reads.fetch_add(1, Relaxed);
                     }
                 }
-                None => {}
-            },
+            }
             Op::Read | Op::Write | Op::Dontneed | Op::Mremap => match sh.take_region(&mut rng) {
                 Some(slot) => {
                     let mut r = lock_w(&slot);

@@ -20,6 +20,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start-up: the size of the `Bench` variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// The benchmark lab: workloads against tierswap and the kernel's zswap, zram and disk swap.

@@ -261,6 +261,8 @@ fn helper() {
     std::process::exit(0);
 }
 
+// The caller waits for the child it gets back; the panics here end the test anyway.
+#[allow(clippy::zombie_processes)]
 fn start_helper(dir: &Path) -> (Child, u32) {
     let mut h = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "helper", "--nocapture", "--test-threads=1"])

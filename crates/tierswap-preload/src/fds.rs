@@ -84,8 +84,8 @@ pub(crate) fn guards(fd: i32) -> bool {
 pub(crate) fn guarded_in(first: u32, last: u32) -> ([i32; MAX_PROTECTED], usize) {
     let mut out = [0i32; MAX_PROTECTED];
     let mut k = 0;
-    for i in 0..N_PROTECTED.load(Ordering::Acquire) {
-        let fd = PROTECTED[i].load(Ordering::Relaxed);
+    for slot in PROTECTED.iter().take(N_PROTECTED.load(Ordering::Acquire)) {
+        let fd = slot.load(Ordering::Relaxed);
         if fd >= 0 && (first..=last).contains(&(fd as u32)) && guards(fd) {
             out[k] = fd;
             k += 1;

@@ -158,7 +158,7 @@ pub fn owner(p: *mut u8) -> Owner {
     if let Some(idx) = small_class(p) {
         return Owner::Small(class_size(idx));
     }
-    if p % PAGE == 0 && LARGE_LIVE.load(Ordering::Acquire) > 0 {
+    if p.is_multiple_of(PAGE) && LARGE_LIVE.load(Ordering::Acquire) > 0 {
         let t = LARGE.lock();
         if let Some(i) = t.find(p) {
             let e = t.slots[i];
@@ -353,7 +353,7 @@ mod tests {
         let mut prev = 0;
         for idx in 1..N_CLASSES {
             let s = class_size(idx);
-            assert!(s > prev && s % 16 == 0, "class {idx} size {s}");
+            assert!(s > prev && s.is_multiple_of(16), "class {idx} size {s}");
             assert_eq!(class_of(s), idx);
             assert_eq!(class_of(prev + 1), idx);
             prev = s;
@@ -374,10 +374,10 @@ mod tests {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            if model.len() < 40_000 && (x % 3 != 0 || model.is_empty()) {
+            if model.len() < 40_000 && (!x.is_multiple_of(3) || model.is_empty()) {
                 // Keys crowd a few homes now and then, to make long probe runs.
                 let key = if step % 5 == 0 {
-                    (x as usize & 0xff) << 28 | PAGE * (step as usize % 64 + 1)
+                    ((x as usize & 0xff) << 28) | (PAGE * (step as usize % 64 + 1))
                 } else {
                     (x as usize & !(PAGE - 1)) | PAGE
                 };

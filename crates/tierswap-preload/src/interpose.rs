@@ -347,7 +347,7 @@ pub extern "C" fn reallocarray(p: *mut c_void, count: size_t, size: size_t) -> *
 /// `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int {
-    if !align.is_power_of_two() || align % std::mem::size_of::<*mut c_void>() != 0 {
+    if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<*mut c_void>()) {
         return libc::EINVAL;
     }
     let p = alloc(n, align);

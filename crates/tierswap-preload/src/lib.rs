@@ -200,13 +200,14 @@ extern "C" fn init() {
     // The control socket serves `tierswap stat PID`; its thread is named `tierswap-control`,
     // so its allocations stay unmanaged like the pager's own. Without it the program still
     // runs managed: say so once.
-    match {
+    let control = {
         let _inside = raw::InPager::enter();
         tierswap::control::ControlServer::start(
             || PAGER.get().map(|p| p.stats()).unwrap_or_default(),
             tierswap::control::ControlOptions::default(),
         )
-    } {
+    };
+    match control {
         Ok(server) => {
             let _ = CONTROL.set(server);
         }

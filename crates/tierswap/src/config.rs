@@ -39,9 +39,10 @@ pub enum Hint {
 }
 
 /// The compressor of the in-memory pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Compressor {
     /// LZ4 block format (lz4_flex): fast, ratio ~2 on typical heaps. The default.
+    #[default]
     Lz4,
     /// Zstandard at the given level: better ratio, slower decompression.
     Zstd {
@@ -63,12 +64,6 @@ pub fn parse_recompress(s: &str) -> Result<Option<Compressor>, ConfigError> {
         Ok(None)
     } else {
         s.parse().map(Some)
-    }
-}
-
-impl Default for Compressor {
-    fn default() -> Self {
-        Compressor::Lz4
     }
 }
 

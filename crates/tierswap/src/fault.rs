@@ -675,8 +675,7 @@ fn swap_in(
     let mut installed = 0i64;
     let mut tags = 0u8;
     let mut from_tag = None;
-    for k in 0..n {
-        let p = plan[k];
+    for (k, &p) in plan.iter().enumerate().take(n) {
         let Some(pte) = p.pte else { continue };
         let j = first + k;
         let slot = pte.payload();

@@ -472,7 +472,7 @@ mod tests {
         let hot = hot_present.staged_keeping_hotness();
         assert!(hot.was_active() && !hot.is_readahead() && hot.state() == PteState::Staged);
         assert!(!Pte::swapped(2).was_active(), "a slot id is not a marker");
-        assert!(!Pte::swapped(6).kept_slot().is_some(), "a slot id is not a kept slot");
+        assert!(Pte::swapped(6).kept_slot().is_none(), "a slot id is not a kept slot");
         assert!(!Pte::staged().was_active() && !Pte::staged().is_readahead());
         assert_eq!(Pte::present().staged_keeping_hotness(), Pte::staged());
         // A kept slot survives aging and staging, and goes when the page may be dirty.

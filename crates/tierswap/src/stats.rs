@@ -158,6 +158,9 @@ counters! {
     /// Stale extents found where a REMAP put its new range (a mapping whose own UNMAP /
     /// REMAP was still to come), set aside until that event came (events.rs, `Displaced`).
     remap_displaced,
+    /// Pages a staging UFFDIO_MOVE moved without counting them (Linux 6.18: EEXIST on its
+    /// own uncounted batch), found in the staging window and taken as moved.
+    move_uncounted,
     /// Pages of forked children served from the parent's swap.
     child_faults,
     /// Faults on registered memory the pager does not manage (the part an mremap grew),

@@ -202,6 +202,51 @@ pub fn online_cpus() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
+/// Whether the page at `addr` (page-aligned, in a mapping of ours) is resident (mincore):
+/// false for a hole in anonymous memory.
+pub fn is_resident(addr: usize) -> bool {
+    let mut vec = 0u8;
+    // SAFETY: mincore writes one byte for one page into `vec`; the range is our mapping.
+    let r = unsafe { libc::mincore(addr as *mut libc::c_void, crate::page::PAGE_SIZE, &mut vec) };
+    r == 0 && vec & 1 == 1
+}
+
+/// Fills `out[k]` with whether page `k` of the range at `addr` (page-aligned, in a mapping
+/// of ours) is resident, with one mincore. False everywhere if mincore fails.
+pub fn residency(addr: usize, out: &mut [bool]) {
+    let mut vec = [0u8; 512];
+    for (chunk, part) in out.chunks_mut(vec.len()).enumerate() {
+        let at = addr + chunk * vec.len() * crate::page::PAGE_SIZE;
+        // SAFETY: mincore writes one byte per page of the range into `vec`, which has room
+        // for `part.len()` pages; it only reads page tables.
+        let r =
+            unsafe { libc::mincore(at as *mut libc::c_void, part.len() * crate::page::PAGE_SIZE, vec.as_mut_ptr()) };
+        for (k, o) in part.iter_mut().enumerate() {
+            *o = r == 0 && vec[k] & 1 == 1;
+        }
+    }
+}
+
+/// Blocks every asynchronous signal on the calling thread (pager threads call it first):
+/// a program's signal handler must never run on a pager thread (it may take a lock of the
+/// program's or expect its own thread), and a signal must never interrupt a pager thread
+/// mid-ioctl. Synchronous signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS) stay
+/// open: blocking them would not stop them and would hide a crash. glibc keeps its own
+/// internal signals open whatever we ask.
+pub(crate) fn block_signals() {
+    // SAFETY: sigset_t is plain data; the calls fill and apply a set on our stack to the
+    // calling thread only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for sig in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP, libc::SIGSYS] {
+            libc::sigdelset(&mut set, sig);
+        }
+        // Cannot fail with a valid `how` and set.
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,50 +346,5 @@ mod tests {
         assert_eq!(policy, libc::SCHED_IDLE);
         // SAFETY: as above.
         assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_OTHER);
-    }
-}
-
-/// Whether the page at `addr` (page-aligned, in a mapping of ours) is resident (mincore):
-/// false for a hole in anonymous memory.
-pub fn is_resident(addr: usize) -> bool {
-    let mut vec = 0u8;
-    // SAFETY: mincore writes one byte for one page into `vec`; the range is our mapping.
-    let r = unsafe { libc::mincore(addr as *mut libc::c_void, crate::page::PAGE_SIZE, &mut vec) };
-    r == 0 && vec & 1 == 1
-}
-
-/// Fills `out[k]` with whether page `k` of the range at `addr` (page-aligned, in a mapping
-/// of ours) is resident, with one mincore. False everywhere if mincore fails.
-pub fn residency(addr: usize, out: &mut [bool]) {
-    let mut vec = [0u8; 512];
-    for (chunk, part) in out.chunks_mut(vec.len()).enumerate() {
-        let at = addr + chunk * vec.len() * crate::page::PAGE_SIZE;
-        // SAFETY: mincore writes one byte per page of the range into `vec`, which has room
-        // for `part.len()` pages; it only reads page tables.
-        let r =
-            unsafe { libc::mincore(at as *mut libc::c_void, part.len() * crate::page::PAGE_SIZE, vec.as_mut_ptr()) };
-        for (k, o) in part.iter_mut().enumerate() {
-            *o = r == 0 && vec[k] & 1 == 1;
-        }
-    }
-}
-
-/// Blocks every asynchronous signal on the calling thread (pager threads call it first):
-/// a program's signal handler must never run on a pager thread (it may take a lock of the
-/// program's or expect its own thread), and a signal must never interrupt a pager thread
-/// mid-ioctl. Synchronous signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS) stay
-/// open: blocking them would not stop them and would hide a crash. glibc keeps its own
-/// internal signals open whatever we ask.
-pub(crate) fn block_signals() {
-    // SAFETY: sigset_t is plain data; the calls fill and apply a set on our stack to the
-    // calling thread only.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut set);
-        for sig in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP, libc::SIGSYS] {
-            libc::sigdelset(&mut set, sig);
-        }
-        // Cannot fail with a valid `how` and set.
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }

@@ -495,7 +495,7 @@ mod tests {
                         x ^= x << 13;
                         x ^= x >> 7;
                         x ^= x << 17;
-                        if x % 3 != 0 || mine.is_empty() {
+                        if !x.is_multiple_of(3) || mine.is_empty() {
                             let len = 1 + (x as usize >> 8) % 3000;
                             let data: Vec<u8> = (0..len).map(|k| (k as u8) ^ t ^ (i as u8)).collect();
                             let h = pool.store(&data).unwrap();

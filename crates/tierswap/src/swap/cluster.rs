@@ -114,7 +114,7 @@ mod tests {
 
     #[test]
     fn header_fits_and_bitmap_ranges() {
-        assert!(CLUSTER_HEADER_BYTES <= 128);
+        const { assert!(CLUSTER_HEADER_BYTES <= 128) };
         // SAFETY: all-zero is a valid header (atomics and padding).
         let h: ClusterHeader = unsafe { std::mem::zeroed() };
         assert!(!h.all_in_memory(0, 1));
