@@ -1049,7 +1049,8 @@ impl Pager {
     /// For the shim, after its mremap returned; `addr` = new start + old length.
     pub fn adopt_grown(&self, addr: usize, len_bytes: usize) -> Result<()> {
         let bad = Error::NotGrownTail { addr, len_bytes };
-        if len_bytes == 0 || !addr.is_multiple_of(PAGE_SIZE) || !len_bytes.is_multiple_of(PAGE_SIZE) || addr < PAGE_SIZE {
+        if len_bytes == 0 || !addr.is_multiple_of(PAGE_SIZE) || !len_bytes.is_multiple_of(PAGE_SIZE) || addr < PAGE_SIZE
+        {
             return Err(bad);
         }
         let s = &self.shared;

@@ -570,7 +570,10 @@ impl Reclaim {
                         // The move ran into pages it had moved itself without counting them
                         // (see `moved_before_eexist`): go on after them.
                         uffd::Error::PageExist { done_bytes, .. } if taken > done_bytes / PAGE_SIZE => {
-                            self.s.counters.move_uncounted.fetch_add((taken - done_bytes / PAGE_SIZE) as u64, Ordering::Relaxed);
+                            self.s
+                                .counters
+                                .move_uncounted
+                                .fetch_add((taken - done_bytes / PAGE_SIZE) as u64, Ordering::Relaxed);
                             None
                         }
                         uffd::Error::PageExist { done_bytes, .. } => {

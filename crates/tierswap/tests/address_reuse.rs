@@ -7,6 +7,8 @@
 //! does to the old range land in whatever is mapped there now: a staging move out of it, a
 //! swap-in into it.
 //!
+//! A page poisoned while its mapping moves must stay poisoned at the new address.
+//!
 //! To hold the event unread, the only fault thread is stalled (fault injection) on another
 //! fault while the program moves or unmaps, then maps again. To hold it read but not
 //! handled, a swap-in's file read is slowed while it holds the pages the handler needs.
@@ -524,4 +526,85 @@ fn a_remap_queued_after_a_remap_onto_its_old_range_moves_the_right_pages() {
     assert_eq!(s.swap_slots, 0, "{s:?}");
     still_managed(&p, old, 9, "the mapping moved second, after eviction");
     still_managed(&p, dest, 5, "the mapping moved first, after eviction");
+}
+
+/// Page `addr` as the kernel reads it (a write(2) of the page into a pipe): its first word,
+/// or the errno when the kernel cannot read it (EFAULT for a poisoned page, which a touch
+/// would answer with SIGBUS). The fault it takes is served like the program's own.
+fn kernel_read(addr: usize) -> Result<u64, i32> {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe(2) fills the two descriptors.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: a page of the test's mapping, read by the kernel; the pipe holds 64 KiB.
+    let n = unsafe { libc::write(fds[1], addr as *const libc::c_void, PAGE) };
+    let res = if n < 0 {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    } else {
+        let mut w = [0u8; 8];
+        // SAFETY: reads 8 bytes of what was just written into `w`.
+        assert_eq!(unsafe { libc::read(fds[0], w.as_mut_ptr().cast(), 8) }, 8);
+        Ok(u64::from_le_bytes(w))
+    };
+    // SAFETY: our two descriptors.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+    res
+}
+
+/// A page whose swap slot could not be read is poisoned: SIGBUS on every touch (EFAULT for
+/// the kernel's) until the program discards it. If the program moves the mapping (mremap)
+/// while the read is failing, the kernel refuses the poison marker (the range is changing)
+/// and only the pager's pte says poisoned, so the REMAP handler must carry that over: the
+/// next access at the new address faults, and the fault puts the marker there. The handler
+/// used to make the pte plain present, and that fault then mapped a zero page: the
+/// unreadable page read as zeros (the 10-minute injection stress, once in 1.8 M operations).
+#[test]
+fn a_page_that_fails_its_read_while_its_mapping_moves_stays_poisoned() {
+    let _g = serial();
+    // Pages go to the file, whose reads fault injection slows down and fails; two fault
+    // threads, one to sleep in the read and one to take the REMAP.
+    let config = PagerConfig {
+        budget_bytes: 64 << 20,
+        fault_threads: 2,
+        keep_clean: false,
+        tiers: Tiers { zero: true, pool: false, file: true },
+        ..Default::default()
+    };
+    let p = Pager::new(config).unwrap_or_else(|e| panic!("cannot start a pager (run as root): {e}"));
+    let old = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
+    fill(old, 3);
+    assert!(p.evict_all() >= PAGES);
+
+    let spec = Spec::new().delay(Kind::ReadSlow, STALL, 1, 1).rule(Kind::FileReadEio, 1, 1);
+    inject::install(&spec).expect("tests build with fault injection");
+    let reader = std::thread::spawn(move || kernel_read(old + 5 * PAGE));
+    wait_until("the swap-in sleeps in its read", || inject::report().injected(Kind::ReadSlow) > 0);
+    let to = reserve(PAGES * PAGE);
+    // Returns once the other fault thread has read the REMAP; its handler then waits for
+    // the page the swap-in holds.
+    mremap_fixed(old, to);
+    wait_until("the read fails", || inject::report().injected(Kind::FileReadEio) > 0);
+    inject::clear();
+    // The kernel retried at the old address, where anything may be mapped by now (the
+    // pager's own allocations): what it read does not matter here.
+    let _ = reader.join().unwrap();
+    sync_events(&p);
+    assert!(p.stats().counters.read_errors >= 1, "{:?}", p.stats());
+
+    assert_eq!(kernel_read(to + 5 * PAGE), Err(libc::EFAULT), "the page stays unreadable where it moved");
+    // Staged and evicted again, its neighbours discarded and touched in order (which maps
+    // zeros over the pages after them that hold nothing): still unreadable.
+    p.evict_all();
+    // SAFETY: two pages of the test's moved mapping.
+    assert_eq!(unsafe { libc::madvise((to + 3 * PAGE) as *mut libc::c_void, 2 * PAGE, libc::MADV_DONTNEED) }, 0);
+    sync_events(&p);
+    assert_eq!((word(to, 3, 0), word(to, 4, 0)), (0, 0), "discarded pages read as zeros");
+    assert_eq!(kernel_read(to + 5 * PAGE), Err(libc::EFAULT), "the page stays unreadable after eviction");
+    for pg in (0..PAGES).filter(|pg| !(3..=5).contains(pg)) {
+        for i in 0..PAGE / 8 {
+            assert_eq!(word(to, pg, i), 3 + (pg * 512 + i) as u64, "page {pg} word {i}");
+        }
+    }
 }

@@ -231,7 +231,13 @@ fn child() {
         if round > 0 {
             each_page(
                 &sh,
-                |sh, p, ver| if ver == 0 || !(p as u64 + ver).is_multiple_of(3) { true } else { write_page(sh, p, ver) },
+                |sh, p, ver| {
+                    if ver == 0 || !(p as u64 + ver).is_multiple_of(3) {
+                        true
+                    } else {
+                        write_page(sh, p, ver)
+                    }
+                },
                 |p, r| if (p as u64 + r).is_multiple_of(3) { r } else { 0 },
                 round,
             );

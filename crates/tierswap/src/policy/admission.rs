@@ -76,7 +76,10 @@ impl Locality {
             return Decision { pages: 1, vetoed: true };
         }
         if !self.continues_stream(idx) {
-            if learn && self.blocks_read_whole() && !self.whole.fetch_add(1, Ordering::Relaxed).is_multiple_of(PROBE_EVERY) {
+            if learn
+                && self.blocks_read_whole()
+                && !self.whole.fetch_add(1, Ordering::Relaxed).is_multiple_of(PROBE_EVERY)
+            {
                 return Decision { pages: (crate::page::BLOCK_PAGES as u32).min(max_pages), vetoed: false };
             }
             if learn {
