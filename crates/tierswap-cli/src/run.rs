@@ -15,7 +15,7 @@ use tierswap::{parse_size, PagerConfig, Tiers};
 
 /// The variables the shim reads, all set (or removed) by `run` so a stale one in the
 /// caller's environment cannot change the run.
-const OWNED_VARS: [&str; 8] = [
+const OWNED_VARS: [&str; 10] = [
     "TIERSWAP_BUDGET",
     "TIERSWAP_TIERS",
     "TIERSWAP_POOL_MAX",
@@ -24,7 +24,12 @@ const OWNED_VARS: [&str; 8] = [
     "TIERSWAP_MALLOC",
     "TIERSWAP_STRICT",
     "TIERSWAP_STATS_ON_EXIT",
+    "TIERSWAP_FAULT_THREADS",
+    "TIERSWAP_PIN",
 ];
+
+/// Most fault threads `--fault-threads` takes: more only cost memory and wake-ups.
+const MAX_FAULT_THREADS: usize = 256;
 
 /// The shim's file name.
 const PRELOAD_NAME: &str = "libtierswap_preload.so";
@@ -78,6 +83,14 @@ pub struct RunArgs {
     /// Which mallocs are managed: all, large (at least --min-size) or off.
     #[arg(long, default_value = "all")]
     malloc: String,
+    /// Fault threads serving the program's faults (0: one per CPU the program may run on).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    fault_threads: usize,
+    /// Leave the fault threads unpinned. By default each is pinned to one of the CPUs the
+    /// program may run on at start, so that a fault is served on the CPU that took it; a
+    /// program that moves its threads to other CPUs later may want them free.
+    #[arg(long)]
+    no_pin: bool,
     /// Exit 2 instead of running unmanaged when the pager cannot start.
     #[arg(long)]
     strict: bool,
@@ -151,8 +164,18 @@ fn prepare(a: &RunArgs) -> Result<std::process::Command, String> {
             return Err(format!("--swap-dir '{}': not a directory", dir.display()));
         }
     }
-    let cfg =
-        PagerConfig { budget_bytes, tiers, pool_max_bytes, swap_dir: a.swap_dir.clone(), ..PagerConfig::default() };
+    if a.fault_threads > MAX_FAULT_THREADS {
+        return Err(format!("--fault-threads {}: give 0 (one per CPU) to {MAX_FAULT_THREADS}", a.fault_threads));
+    }
+    let cfg = PagerConfig {
+        budget_bytes,
+        tiers,
+        pool_max_bytes,
+        swap_dir: a.swap_dir.clone(),
+        fault_threads: a.fault_threads,
+        fault_pin: !a.no_pin,
+        ..PagerConfig::default()
+    };
     cfg.validate().map_err(|e| format!("--budget '{}': {e}", a.budget).replace(": budget ", ": "))?;
     let Some((prog, args)) = a.command.split_first() else {
         return Err("no program: give one after --, e.g. tierswap run --budget 512M -- python3 app.py".into());
@@ -180,7 +203,9 @@ fn prepare(a: &RunArgs) -> Result<std::process::Command, String> {
         .env("TIERSWAP_TIERS", a.tiers.trim())
         .env("TIERSWAP_MIN_SIZE", min_size.to_string())
         .env("TIERSWAP_MALLOC", malloc)
-        .env("TIERSWAP_STRICT", if a.strict { "1" } else { "0" });
+        .env("TIERSWAP_STRICT", if a.strict { "1" } else { "0" })
+        .env("TIERSWAP_FAULT_THREADS", a.fault_threads.to_string())
+        .env("TIERSWAP_PIN", if a.no_pin { "0" } else { "1" });
     if let Some(p) = pool_max_bytes {
         cmd.env("TIERSWAP_POOL_MAX", p.to_string());
     }

@@ -450,3 +450,47 @@ fn fork_and_exec_work() {
     assert_eq!(pids.len(), 3, "the parent, the exec'd program and /bin/true: {pids:?}");
     eprintln!("{}", ran.stdout.trim());
 }
+
+/// The CPUs thread `tid` of process `pid` may run on (its Cpus_allowed_list).
+fn cpus_allowed(pid: u32, tid: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).map(|v| v.trim().to_string()).unwrap_or_default()
+}
+
+/// The fault threads of the program `tierswap run FLAGS -- sleep` runs, with the CPUs each
+/// may run on, and the program's own CPUs.
+fn fault_thread_cpus(flags: &[&str]) -> (Vec<String>, String) {
+    let mut child = tierswap_run(flags, Path::new("/bin/sleep"), &["5"]).spawn().expect("start tierswap run");
+    let pid = child.id();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let found = loop {
+        let mut cpus = Vec::new();
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+            let tid = task.file_name().to_string_lossy().into_owned();
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            if comm.starts_with("tierswap-fault") {
+                cpus.push(cpus_allowed(pid, &tid));
+            }
+        }
+        if !cpus.is_empty() || std::time::Instant::now() > deadline {
+            break cpus;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let own = cpus_allowed(pid, &pid.to_string());
+    let _ = child.kill();
+    let _ = child.wait();
+    (found, own)
+}
+
+#[test]
+fn fault_threads_are_pinned_unless_asked_not_to() {
+    let (pinned, own) = fault_thread_cpus(&["--budget", "8M", "--fault-threads", "2"]);
+    assert_eq!(pinned.len(), 2, "two fault threads: {pinned:?}");
+    for cpus in &pinned {
+        assert!(!cpus.is_empty() && !cpus.contains(['-', ',']), "one CPU each: {pinned:?} (the program's: {own})");
+    }
+    let (free, own) = fault_thread_cpus(&["--budget", "8M", "--fault-threads", "3", "--no-pin"]);
+    assert_eq!(free.len(), 3, "three fault threads: {free:?}");
+    assert!(free.iter().all(|c| *c == own), "unpinned, they may run where the program may: {free:?} vs {own}");
+}

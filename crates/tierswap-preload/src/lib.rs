@@ -146,6 +146,19 @@ fn config_from_env() -> Result<(PagerConfig, Settings), String> {
     }
     cfg.pool_max_bytes = size("TIERSWAP_POOL_MAX")?;
     cfg.swap_dir = var("TIERSWAP_SWAP_DIR").map(Into::into);
+    if let Some(n) = var("TIERSWAP_FAULT_THREADS") {
+        cfg.fault_threads = n
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&t: &usize| t <= 256)
+            .ok_or_else(|| format!("TIERSWAP_FAULT_THREADS={n}: give 0 (one per CPU) to 256 threads"))?;
+    }
+    cfg.fault_pin = match var("TIERSWAP_PIN").as_deref().map(str::trim) {
+        None | Some("1") => true,
+        Some("0") => false,
+        Some(other) => return Err(format!("TIERSWAP_PIN={other}: use 1 (pin fault threads) or 0")),
+    };
     cfg.validate().map_err(|e| e.to_string())?;
     if let Some(m) = size("TIERSWAP_MIN_SIZE")? {
         if m == 0 {
