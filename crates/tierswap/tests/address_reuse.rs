@@ -318,13 +318,9 @@ fn a_swap_in_racing_a_dropped_region_does_not_land_in_the_mapping_made_there() {
     });
 }
 
-/// A swap-in of the first page of a mapping made by `make` (its address and how to give it
-/// up) sleeps in its file read, its ptes locked, while the mapping is given up and memory is
-/// mapped again at the same address: nothing of the old mapping may land there.
-fn swap_in_racing(make: impl FnOnce(&Pager) -> (usize, Box<dyn FnOnce() + Send>)) {
-    let _g = serial();
-    // Pages go to the file, whose reads fault injection can slow down; two fault threads,
-    // one to sleep in the read and one to take the UNMAP.
+/// A pager whose pages go to the file, whose reads fault injection can slow down and fail,
+/// with two fault threads: one to sleep in a read, one to take the event meanwhile.
+fn file_pager() -> Pager {
     let config = PagerConfig {
         budget_bytes: 64 << 20,
         fault_threads: 2,
@@ -332,7 +328,15 @@ fn swap_in_racing(make: impl FnOnce(&Pager) -> (usize, Box<dyn FnOnce() + Send>)
         tiers: Tiers { zero: true, pool: false, file: true },
         ..Default::default()
     };
-    let p = Pager::new(config).unwrap_or_else(|e| panic!("cannot start a pager (run as root): {e}"));
+    Pager::new(config).unwrap_or_else(|e| panic!("cannot start a pager (run as root): {e}"))
+}
+
+/// A swap-in of the first page of a mapping made by `make` (its address and how to give it
+/// up) sleeps in its file read, its ptes locked, while the mapping is given up and memory is
+/// mapped again at the same address: nothing of the old mapping may land there.
+fn swap_in_racing(make: impl FnOnce(&Pager) -> (usize, Box<dyn FnOnce() + Send>)) {
+    let _g = serial();
+    let p = file_pager();
     let (old, give_up) = make(&p);
     fill(old, 9);
     assert!(p.evict_all() >= PAGES);
@@ -563,16 +567,7 @@ fn kernel_read(addr: usize) -> Result<u64, i32> {
 #[test]
 fn a_page_that_fails_its_read_while_its_mapping_moves_stays_poisoned() {
     let _g = serial();
-    // Pages go to the file, whose reads fault injection slows down and fails; two fault
-    // threads, one to sleep in the read and one to take the REMAP.
-    let config = PagerConfig {
-        budget_bytes: 64 << 20,
-        fault_threads: 2,
-        keep_clean: false,
-        tiers: Tiers { zero: true, pool: false, file: true },
-        ..Default::default()
-    };
-    let p = Pager::new(config).unwrap_or_else(|e| panic!("cannot start a pager (run as root): {e}"));
+    let p = file_pager();
     let old = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
     fill(old, 3);
     assert!(p.evict_all() >= PAGES);
