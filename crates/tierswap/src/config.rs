@@ -281,7 +281,7 @@ pub struct PagerConfig {
     /// program's CPU instead of one per block. On by default: refault 1.08× as fast on
     /// usama_1g, 1.12× on samefill, 1.05× on usemem and concurrent, the other workloads
     /// within their spread, and swap-out of usama_1g 2.12 s against 2.32 s, under the
-    /// kernel's 2.17 s only with it (`docs/lab/current`). The loss stop 21 saw with it on was
+    /// kernel's 2.17 s only with it (`docs/lab/at-62658fd`). The loss stop 21 saw with it on was
     /// reclaim reaching into reused addresses (RELIABILITY.md), with it on or off. Lab
     /// variant `[no-]batch-release`.
     pub batch_release: bool,
