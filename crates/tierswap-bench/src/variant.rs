@@ -29,7 +29,7 @@ use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]learn-blocks, [no-]direct-reclaim, spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, recompress=none|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]learn-blocks, [no-]direct-reclaim, [no-]read-next-unit, spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, recompress=none|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
@@ -65,6 +65,8 @@ pub enum Override {
     LearnBlocks(bool),
     /// `direct-reclaim` / `no-direct-reclaim`: fault threads evict while they wait for room.
     DirectReclaim(bool),
+    /// `read-next-unit` / `no-read-next-unit`: whole-unit file reads take the next unit too.
+    ReadNextUnit(bool),
     /// `spin=US`: the fault threads' adaptive spin.
     SpinUs(u32),
     /// `nice=N`: the reclaim and writeback threads' nice value.
@@ -103,6 +105,7 @@ impl Override {
             Override::BatchStage(on) => config.batch_stage = on,
             Override::LearnBlocks(on) => config.swapin_learn_blocks = on,
             Override::DirectReclaim(on) => config.direct_reclaim = on,
+            Override::ReadNextUnit(on) => config.file_read_next_unit = on,
             Override::SpinUs(us) => config.fault_spin_us = us,
             Override::Nice(n) => config.background_nice = n,
             Override::LocalTiers(t) => {
@@ -155,6 +158,8 @@ impl Override {
             "no-batch-release" => switch(Override::BatchRelease, false),
             "batch-stage" => switch(Override::BatchStage, true),
             "no-batch-stage" => switch(Override::BatchStage, false),
+            "read-next-unit" => switch(Override::ReadNextUnit, true),
+            "no-read-next-unit" => switch(Override::ReadNextUnit, false),
             "learn-blocks" => switch(Override::LearnBlocks, true),
             "no-learn-blocks" => switch(Override::LearnBlocks, false),
             "direct-reclaim" => switch(Override::DirectReclaim, true),

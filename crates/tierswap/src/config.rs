@@ -229,6 +229,10 @@ pub struct PagerConfig {
     /// Bytes of one file write (a unit of packed records): a power of two, 64 KiB to 4 MiB.
     /// Larger units mean fewer, larger IOs (flash likes them) and larger read buffers.
     pub file_unit_bytes: usize,
+    /// A whole-unit file read also takes the unit after the last one its records reach, when
+    /// the read buffer holds it (64 KiB units: one 128 KiB read instead of 64 KiB). Off by
+    /// default; an experiment for the sparse workloads (lab variant `[no-]read-next-unit`).
+    pub file_read_next_unit: bool,
     /// How a fault in swapped memory picks how many pages to bring in (large swap-in).
     pub swapin_policy: SwapinPolicy,
     /// Largest swap-in, in pages: a power of two from 1 (4 KiB) to 512 (2 MiB); default 16 (64 KiB).
@@ -368,6 +372,7 @@ impl Default for PagerConfig {
             fault_threads: 0,
             readahead_max_pages: crate::policy::readahead::DEFAULT_MAX_PAGES,
             file_unit_bytes: crate::backend::file::DEFAULT_UNIT_BYTES,
+            file_read_next_unit: false,
             swapin_policy: SwapinPolicy::default(),
             swapin_max_pages: DEFAULT_SWAPIN_MAX_PAGES,
             swapin_learn_blocks: true,

@@ -900,10 +900,12 @@ impl Pager {
             .map_err(io_err("cannot reserve address space for the compressed pool"))?;
         let file = if config.tiers.file {
             let dir = config.swap_dir();
-            Some(FileTier::create(&dir, config.file_unit_bytes, config.encrypt).map_err(io_err(format!(
+            let f = FileTier::create(&dir, config.file_unit_bytes, config.encrypt).map_err(io_err(format!(
                 "cannot create the swap file in {} (give --swap-dir a writable directory on a real filesystem, or leave out the file tier)",
                 dir.display()
-            )))?)
+            )))?;
+            f.set_read_next_unit(config.file_read_next_unit);
+            Some(f)
         } else {
             None
         };

@@ -603,9 +603,21 @@ pub struct FileTier {
     live_bytes: AtomicU64,
     live_records: AtomicU64,
     units_in_use: AtomicU64,
+    /// Whole reads take the unit after the records' last one too, when the buffer holds it
+    /// ([`FileTier::set_read_next_unit`]).
+    read_next_unit: std::sync::atomic::AtomicBool,
 }
 
 impl FileTier {
+    /// Whole-unit reads also take the next unit (`PagerConfig::file_read_next_unit`): a
+    /// 128 KiB read where the records reach one 64 KiB unit. That unit is not held by the
+    /// reader, so a write can be filling it while it is read; its copy then claims the new
+    /// generation with older bytes, and [`FileTier::read_cached`] reads a record that does
+    /// not open from such a copy again from the disk before calling it corrupt.
+    pub fn set_read_next_unit(&self, on: bool) {
+        self.read_next_unit.store(on, Ordering::Relaxed);
+    }
+
     /// Creates the swap file in `dir`: O_TMPFILE (never visible in the directory), else a
     /// uniquely named file unlinked at once; mode 0600 either way. With `encrypt`, records
     /// are encrypted under a key drawn now, which lives only in this tier's memory.
@@ -628,6 +640,7 @@ impl FileTier {
             live_bytes: AtomicU64::new(0),
             live_records: AtomicU64::new(0),
             units_in_use: AtomicU64::new(0),
+            read_next_unit: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -843,12 +856,17 @@ impl FileTier {
         }
         let (lo, hi) = if cache.whole || cache.whole_pays || cache.block_pays { block } else { need };
         let first = lo / ub;
-        let gens = if first == u0 { now } else { [now[1], 0] };
-        // Whole units from `first` to the last the records reach, as much of them as the
-        // buffer holds (two 64 KiB units; one large unit and the start of the next), if
-        // that covers the records.
+        let next = self.read_next_unit.load(Ordering::Relaxed) as u64;
+        let gens = match (first == u0, next) {
+            (true, _) => now,
+            (false, 0) => [now[1], 0],
+            (false, _) => self.generations_from(first),
+        };
+        // Whole units from `first` to the last the records reach (and the one after, with
+        // `read_next_unit`), as much of them as the buffer holds (two 64 KiB units; one
+        // large unit and the start of the next), if that covers the records.
         let last = (hi - 1) / ub;
-        let whole_to = ((last + 1) * ub).min(first * ub + cap);
+        let whole_to = ((last + 1 + next) * ub).min(first * ub + cap);
         let whole = (cache.whole || cache.whole_pays) && round_up(hi as usize, IO_ALIGN) as u64 <= whole_to;
         let mut reads = 0;
         let mut valid_to;
@@ -979,6 +997,12 @@ impl FileTier {
         let place = self.place(offset, len, slot, generation);
         match self.sealer.open_record(&cache.buf.as_slice()[at..at + record_bytes(len)], &place, out) {
             Ok(()) => Ok(served),
+            Err(_) if served == Served::Cached => {
+                // A copy read for another request may hold a unit that was being written
+                // as it was read (see `set_read_next_unit`): read this record's bytes again.
+                cache.end = cache.start;
+                self.read_cached(offset, len, slot, cache, out).map(|_| Served::Read)
+            }
             Err(e) => {
                 // Never trust this copy again.
                 cache.end = cache.start;
@@ -1308,6 +1332,34 @@ mod tests {
             let served = t.read_cached(base2 + off0 as u64, 900, 0, &mut cache, &mut out).unwrap();
             assert_eq!(served, Served::Read, "a rewritten unit is read again");
             assert!(out[..900].iter().all(|&b| b == 0xEE));
+        }
+    }
+
+    #[test]
+    fn read_next_unit_serves_the_next_unit_and_a_torn_copy_is_read_again() {
+        let t = tier(true);
+        let recs = six_units(&t);
+        t.set_read_next_unit(true);
+        let mut cache = UnitCache::new(t.unit_bytes()).unwrap();
+        cache.whole = true;
+        // One read brings unit 0 and unit 1: unit 1's records are hits.
+        assert_eq!(read_one(&t, &recs, &mut cache, 0, 0).0, Served::Read);
+        assert_eq!(cache.span(), 2 * t.unit_bytes() as u64, "two whole units");
+        assert_eq!(read_one(&t, &recs, &mut cache, 1, 5).0, Served::Cached);
+        // Unit 1's bytes in the copy are not what the disk holds (a unit read while it was
+        // being written): its record is read again from the disk, not called corrupt.
+        let at = (recs[1][7] - cache.start) as usize + RECORD_HEADER_BYTES + 10;
+        cache.buf.as_mut_slice()[at] ^= 0x40;
+        assert_eq!(read_one(&t, &recs, &mut cache, 1, 7).0, Served::Read);
+        // Damage on the disk is corrupt, whether the copy holding it was read for another
+        // record (then read again, and still damaged) or for this one.
+        tamper(&t, recs[3][3] + RECORD_HEADER_BYTES as u64 + 10, 1, |b| b[0] ^= 0x40);
+        tamper(&t, recs[4][3] + RECORD_HEADER_BYTES as u64 + 10, 1, |b| b[0] ^= 0x40);
+        assert_eq!(read_one(&t, &recs, &mut cache, 3, 0).0, Served::Read);
+        let mut out = vec![0u8; PAGE_SIZE];
+        for (u, slot) in [(3, 63), (4, 83)] {
+            let r = t.read_cached(recs[u][3], 3000, slot, &mut cache, &mut out);
+            assert!(matches!(r, Err(FileError::Corrupt { .. })), "unit {u}: {r:?}");
         }
     }
 
