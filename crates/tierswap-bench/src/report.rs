@@ -35,11 +35,13 @@ impl Spread {
 
 /// tierswap's counters that show whether its swap-in and reclaim policies acted: the
 /// second table prints their medians per workload and tierswap engine.
-pub const POLICY_COUNTERS: [&str; 7] = [
+pub const POLICY_COUNTERS: [&str; 9] = [
     "swpin_large",
     "swpin_large_pages",
     "swpin_large_fallback",
     "fault_around_pages",
+    "swap_prefetch",
+    "swap_prefetch_hit",
     "swpout_clean",
     "workingset_refault",
     "workingset_activate",

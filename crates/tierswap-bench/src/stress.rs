@@ -387,7 +387,7 @@ impl StressReport {
         );
         let _ = writeln!(
             t,
-            "engine: faults {}, pool out {} in {}, file out {} in {}, writeback {}, readahead {} (hit {}), large swap-ins {}, staged {} / reactivated {}, drained {} pages, throttled {}",
+            "engine: faults {}, pool out {} in {}, file out {} in {}, writeback {}, readahead {} (hit {}), stride prefetch {} (hit {}), large swap-ins {}, staged {} / reactivated {}, drained {} pages, throttled {}",
             c("faults"),
             c("zswpout"),
             c("zswpin"),
@@ -396,6 +396,8 @@ impl StressReport {
             c("zswpwb"),
             c("swap_ra"),
             c("swap_ra_hit"),
+            c("swap_prefetch"),
+            c("swap_prefetch_hit"),
             c("swpin_large"),
             c("pgdeactivate"),
             c("pgactivate"),
@@ -1116,6 +1118,14 @@ fn pick_pages(rng: &mut Rng, n_pages: usize) -> (usize, usize) {
     (first, len)
 }
 
+/// A strided walk in a region of `n_pages` (at least 8): (first page, pages, stride).
+fn pick_stride(rng: &mut Rng, n_pages: usize) -> (usize, usize, usize) {
+    let step = rng.range(2, (n_pages / 4).clamp(2, 16));
+    let n = rng.range(3, 24).min((n_pages - 1) / step + 1);
+    let first = rng.below(n_pages - (n - 1) * step);
+    (first, n, step)
+}
+
 /// A random word range within a page: the whole page half the time.
 fn pick_words(rng: &mut Rng) -> (usize, usize) {
     if rng.chance(1, 2) {
@@ -1333,9 +1343,17 @@ fn mremap(sh: &Shared, r: &mut SRegion, rng: &mut Rng) -> bool {
 fn region_op(sh: &Shared, r: &mut SRegion, op: Op, rng: &mut Rng, beat: &Beat) {
     match op {
         Op::Read | Op::Write => {
-            let (first, n) = pick_pages(rng, r.pages.len());
+            // One read in eight walks a stride (the engine's stride prefetch then brings
+            // the pages further along into place, racing the other workers' ops).
+            let (first, n, step) = match r.pages.len() {
+                len if op == Op::Read && len >= 8 && rng.chance(1, 8) => pick_stride(rng, len),
+                len => {
+                    let (first, n) = pick_pages(rng, len);
+                    (first, n, 1)
+                }
+            };
             let (w0, w1) = if n == 1 { pick_words(rng) } else { (0, WORDS) };
-            for p in first..first + n {
+            for p in (first..first + n * step).step_by(step) {
                 beat.addr.store(r.base + p * PAGE, Relaxed);
                 if op == Op::Read {
                     verify_page(sh, r, p, w0, w1);
@@ -1598,6 +1616,7 @@ pub fn run(spec: &StressSpec) -> Result<StressReport, StressError> {
     *tap_state.bar.lock().unwrap_or_else(|e| e.into_inner()) = bar.clone();
 
     let mut hang: Option<String> = None;
+    let mut hang_addr = 0usize;
     std::thread::scope(|scope| {
         for t in 0..threads {
             let sh = &sh;
@@ -1627,6 +1646,7 @@ pub fn run(spec: &StressSpec) -> Result<StressReport, StressError> {
                     last[t] = (n, Instant::now());
                 } else if last[t].1.elapsed() >= spec.watchdog {
                     let op = Op::ALL[b.op.load(Relaxed) as usize];
+                    hang_addr = b.addr.load(Relaxed);
                     hang = Some(format!(
                         "worker {t} made no progress for {} s, in op {} at {:#x}, after {n} ops",
                         spec.watchdog.as_secs(),
@@ -1667,6 +1687,23 @@ pub fn run(spec: &StressSpec) -> Result<StressReport, StressError> {
                 let stats = rx.recv_timeout(Duration::from_secs(5)).ok();
                 if stats.is_none() {
                     let _ = writeln!(out, "tierswap-stress: the engine's stats did not answer within 5 s either");
+                }
+                if hang_addr != 0 {
+                    // What the engine's region map and trail say of the address (it takes
+                    // the map's lock: bounded like the stats).
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    let sh_ref = &sh;
+                    scope.spawn(move || {
+                        let _ = tx.send(sh_ref.pager.trail_near(hang_addr));
+                    });
+                    match rx.recv_timeout(Duration::from_secs(5)) {
+                        Ok(t) => {
+                            let _ = write!(out, "tierswap-stress: {t}");
+                        }
+                        Err(_) => {
+                            let _ = writeln!(out, "tierswap-stress: the engine's region map did not answer within 5 s");
+                        }
+                    }
                 }
                 let mut report = collect_with(spec, &sh, plan2, stats);
                 report.hangs = 1;

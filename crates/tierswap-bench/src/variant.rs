@@ -14,7 +14,8 @@
 //! waiting for room evicts itself), each
 //! also as `no-…`, `spin=US`, `nice=N` (the
 //! reclaim and writeback threads' nice value, 0 to 19) and
-//! `fault=thread|signal`, `compressor=lz4|zstd|zstd-LEVEL`, `recompress=none|zstd|zstd-LEVEL`,
+//! `fault=thread|signal`, `compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N]`,
+//! `recompress=none|zstd|zstd-LEVEL|zstd-fast[-N]`,
 //! `budget=SIZE` (this engine's own
 //! budget instead of `--budget`), `pool-max=SIZE` and `tiers=zero+pool+file` (local tiers,
 //! '+' between them: the variant drops a remote tier the flags gave, so the remote and the
@@ -29,11 +30,13 @@ use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]learn-blocks, [no-]direct-reclaim, [no-]read-next-unit, spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL, recompress=none|zstd|zstd-LEVEL, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]learn-blocks, [no-]direct-reclaim, [no-]read-next-unit, prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
 const PAGE_BYTES: u64 = 4096;
+/// The largest stride prefetch window a variant may ask for, in pages.
+const MAX_PREFETCH_PAGES: u32 = 1024;
 
 /// One setting a variant changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +47,8 @@ pub enum Override {
     SwapinMaxPages(u32),
     /// `readahead=SIZE`: cap of the disk readahead window, in pages (1: off).
     ReadaheadMaxPages(u32),
+    /// `prefetch=N` / `no-prefetch`: stride prefetch's largest window, in pages (0: off).
+    PrefetchMaxPages(u32),
     /// `fault-around` / `no-fault-around`.
     FaultAround(bool),
     /// `fault-around-max=SIZE`: first-touch fault-around's largest window, in pages.
@@ -94,6 +99,7 @@ impl Override {
             Override::Policy(p) => config.swapin_policy = p,
             Override::SwapinMaxPages(n) => config.swapin_max_pages = n,
             Override::ReadaheadMaxPages(n) => config.readahead_max_pages = n,
+            Override::PrefetchMaxPages(n) => config.stride_prefetch_max_pages = n,
             Override::FaultAround(on) => config.fault_around = on,
             Override::FaultAroundMaxPages(n) => config.fault_around_max_pages = n,
             Override::Workingset(on) => config.workingset = on,
@@ -146,6 +152,19 @@ impl Override {
             }
             "fault-around-max" => pages_setting(key, value.ok_or_else(|| needs("64K"))?, "4K", "256K")
                 .map(Override::FaultAroundMaxPages),
+            "prefetch" => value
+                .ok_or_else(|| needs("32"))?
+                .parse::<u32>()
+                .ok()
+                .filter(|n| *n <= MAX_PREFETCH_PAGES)
+                .map(Override::PrefetchMaxPages)
+                .ok_or_else(|| {
+                    format!(
+                        "prefetch '{}' is not a number of pages from 0 (off) to {MAX_PREFETCH_PAGES}, e.g. prefetch=32",
+                        value.unwrap_or("")
+                    )
+                }),
+            "no-prefetch" => switch(|_| Override::PrefetchMaxPages(0), false),
             "fault-around" => switch(Override::FaultAround, true),
             "no-fault-around" => switch(Override::FaultAround, false),
             "workingset" => switch(Override::Workingset, true),
@@ -212,13 +231,13 @@ impl Override {
             "compressor" => {
                 let v = value.ok_or_else(|| needs("zstd"))?;
                 v.parse::<Compressor>().map(Override::Compressor).map_err(|_| {
-                    format!("compressor '{v}' is not a compressor: use compressor=lz4, zstd or zstd-LEVEL (1 to 19)")
+                    format!("compressor '{v}' is not a compressor: use compressor=lz4, zstd, zstd-LEVEL (1 to 19), zstd-fast or zstd-fast-N (1 to 7)")
                 })
             }
             "recompress" => {
                 let v = value.ok_or_else(|| needs("none"))?;
                 tierswap::config::parse_recompress(v).map(Override::Recompress).map_err(|_| {
-                    format!("recompress '{v}' is not a codec: use recompress=none, zstd, zstd-LEVEL (1 to 19) or lz4")
+                    format!("recompress '{v}' is not a codec: use recompress=none, zstd, zstd-LEVEL (1 to 19), zstd-fast-N (1 to 7) or lz4")
                 })
             }
             "keep-clean" => switch(Override::KeepClean, true),
@@ -433,6 +452,8 @@ mod tests {
         assert!(err("tierswap::no-encrypt").contains("empty setting"));
         assert!(err("tierswap:fault=fast").contains("fault=thread or fault=signal"));
         assert!(err("tierswap:compressor=zstd-40").contains("zstd-LEVEL (1 to 19)"));
+        let c = parse("tierswap:compressor=zstd-fast-2").unwrap().pager(&PagerConfig::default()).compressor;
+        assert_eq!(c, Compressor::Zstd { level: -2 });
         assert!(err("tierswap:recompress=gzip").contains("recompress=none"));
         let base = PagerConfig::default();
         assert_eq!(parse("tierswap:recompress=none").unwrap().pager(&base).recompress, None);

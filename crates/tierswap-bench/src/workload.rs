@@ -37,7 +37,14 @@ pub enum WorkloadKind {
     /// Pages of mixed content in every 64K block (zero, same-filled, compressible,
     /// incompressible), so a large swap-in meets a range spread over tiers.
     Mixed,
+    /// A hot set beside cold data: after the fill, the first 3/64 of the range is read in
+    /// order [`HOTSET_PASSES`] times (with 2 GiB under 256 MiB: 96 MiB, over the present
+    /// share a pool at three quarters of the budget leaves, under the one at half).
+    Hotset,
 }
+
+/// Passes of the `hotset` workload over its hot set.
+pub const HOTSET_PASSES: usize = 8;
 
 /// A span of memory a workload runs on: a raw pointer so that threads can share it
 /// (each workload thread touches its own pages, or only reads).
@@ -68,7 +75,7 @@ pub struct Verify {
 
 impl WorkloadKind {
     /// Every workload, in report order.
-    pub const ALL: [WorkloadKind; 14] = [
+    pub const ALL: [WorkloadKind; 15] = [
         WorkloadKind::Usama1g,
         WorkloadKind::Seq64,
         WorkloadKind::Seq64Hint,
@@ -83,6 +90,7 @@ impl WorkloadKind {
         WorkloadKind::Drain,
         WorkloadKind::Thrash,
         WorkloadKind::Mixed,
+        WorkloadKind::Hotset,
     ];
 
     /// The seed suite of the reference threads (everything but `random`).
@@ -116,6 +124,7 @@ impl WorkloadKind {
             WorkloadKind::Drain => "drain",
             WorkloadKind::Thrash => "thrash",
             WorkloadKind::Mixed => "mixed",
+            WorkloadKind::Hotset => "hotset",
         }
     }
 
@@ -142,6 +151,9 @@ impl WorkloadKind {
             WorkloadKind::Mixed => {
                 "every 64K block mixes zero, same-filled, compressible and incompressible pages; refault in order \
                  (a small --pool-max splits blocks between pool and file)"
+            }
+            WorkloadKind::Hotset => {
+                "read the first 3/64 of the range in order 8 times beside the cold rest (a hot set; try --size 2G:                  96 MiB hot under a 256 MiB budget)"
             }
         }
     }
@@ -282,6 +294,7 @@ pub fn refault_order(kind: WorkloadKind, n_pages: usize) -> Vec<usize> {
             .flat_map(|b| (b * BLOCK_PAGES)..((b + 1) * BLOCK_PAGES).min(n_pages))
             .collect(),
         WorkloadKind::Thrash => (0..THRASH_PASSES).flat_map(|_| 0..n_pages).collect(),
+        WorkloadKind::Hotset => (0..HOTSET_PASSES).flat_map(|_| 0..(n_pages * 3 / 64).max(1)).collect(),
         _ => (0..n_pages).collect(),
     }
 }

@@ -56,7 +56,7 @@ struct Bench {
     /// Engines, comma-separated: tierswap, kernel-zswap, kernel-zram, kernel-disk, and tierswap
     /// variants tierswap:SETTING[:SETTING…] that change the flags' settings for that engine
     /// alone: policy=locality|order0|always, swapin-max=SIZE, [no-]fault-around,
-    /// [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin (one fault thread pinned to each CPU), [no-]idle-bg (reclaim and writeback under SCHED_IDLE), [no-]batch-release (evicted blocks dropped 8 at a time, one TLB flush), [no-]batch-stage (up to 16 blocks staged per move), [no-]learn-blocks (a lone fault brings its 64K block in whole once blocks are seen read whole), [no-]direct-reclaim (a fault thread waiting for room evicts), [no-]read-next-unit (whole-unit file reads take the next unit too), readahead=SIZE (disk readahead cap, 4K: off), fault-around-max=SIZE (first-touch fault-around's largest window, default 256K), spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-N, recompress=none|zstd|zstd-N, budget=SIZE, pool-max=SIZE, tiers=zero+pool+file (local tiers only: drops the remote of --tiers, to compare the two). E.g. --engine
+    /// [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin (one fault thread pinned to each CPU), [no-]idle-bg (reclaim and writeback under SCHED_IDLE), [no-]batch-release (evicted blocks dropped 8 at a time, one TLB flush), [no-]batch-stage (up to 16 blocks staged per move), [no-]learn-blocks (a lone fault brings its 64K block in whole once blocks are seen read whole), [no-]direct-reclaim (a fault thread waiting for room evicts), [no-]read-next-unit (whole-unit file reads take the next unit too), readahead=SIZE (disk readahead cap, 4K: off), fault-around-max=SIZE (first-touch fault-around's largest window, default 256K), spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-N|zstd-fast[-N], recompress=none|zstd|zstd-N|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file (local tiers only: drops the remote of --tiers, to compare the two). E.g. --engine
     /// tierswap,tierswap:policy=order0,kernel-zswap: runs alternate engine by engine; the
     /// column ts÷ is plain tierswap's refault ÷ the variant's.
     #[arg(long, value_delimiter = ',', default_value = "tierswap")]
@@ -93,8 +93,8 @@ struct Bench {
     /// Remote tier: timeout of one connect, read, write or WAIT, in milliseconds.
     #[arg(long, default_value_t = tierswap::RemoteConfig::default().timeout_ms)]
     remote_timeout_ms: u64,
-    /// tierswap's pool compressor: lz4, zstd, zstd:LEVEL.
-    #[arg(long, default_value = "lz4")]
+    /// tierswap's pool compressor: lz4, zstd, zstd:LEVEL (1-19), zstd-fast or zstd-fast-N (1-7, faster, literals uncompressed).
+    #[arg(long, default_value = "zstd-fast")]
     compressor: String,
     /// tierswap's recompression codec: pool writeback first recompresses a cold object with
     /// it and keeps the object in the pool if it shrinks by a quarter (zram's recompress).
@@ -134,9 +134,13 @@ struct Bench {
     /// tierswap: do not encrypt the file tier's records (crc32c checksum only).
     #[arg(long)]
     no_encrypt: bool,
-    /// tierswap: direct reclaim: a fault thread whose fault waits for room evicts staged
-    /// blocks itself, beside the reclaim thread (thread mode; off by default).
-    #[arg(long)]
+    /// tierswap: no direct reclaim: a fault thread whose fault waits for room sleeps until the
+    /// reclaim thread has made it, instead of evicting staged blocks itself (direct reclaim is
+    /// on by default, thread mode).
+    #[arg(long, conflicts_with = "direct_reclaim")]
+    no_direct_reclaim: bool,
+    /// tierswap: direct reclaim (the default; kept for older command lines).
+    #[arg(long, hide = true)]
     direct_reclaim: bool,
     /// tierswap: who serves a fault. thread: a fault thread woken by the userfaultfd (every
     /// access works, a system call's too); signal: the faulting thread itself, in a SIGBUS
@@ -416,7 +420,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         workingset: !b.no_workingset,
         keep_clean: !b.no_keep_clean,
         encrypt: !b.no_encrypt,
-        direct_reclaim: b.direct_reclaim,
+        direct_reclaim: !b.no_direct_reclaim,
         remote,
         fault_mode,
         ..PagerConfig::default()

@@ -15,8 +15,9 @@ use tierswap::{parse_size, PagerConfig, Tiers};
 
 /// The variables the shim reads, all set (or removed) by `run` so a stale one in the
 /// caller's environment cannot change the run.
-const OWNED_VARS: [&str; 10] = [
+const OWNED_VARS: [&str; 11] = [
     "TIERSWAP_BUDGET",
+    "TIERSWAP_COMPRESSOR",
     "TIERSWAP_TIERS",
     "TIERSWAP_POOL_MAX",
     "TIERSWAP_SWAP_DIR",
@@ -74,6 +75,11 @@ pub struct RunArgs {
     /// The pool's limit before writeback to the file: bytes (64M) or a percentage of the budget (25%).
     #[arg(long)]
     pool_max: Option<String>,
+    /// The pool's compressor: zstd-fast (the default: dense, so more of the program stays
+    /// in memory), zstd-fast-N (1-7, faster, lower ratio), zstd, zstd:LEVEL (1-19), or lz4
+    /// (the fastest, ratio ~2).
+    #[arg(long, default_value = "zstd-fast")]
+    compressor: String,
     /// Directory of the swap file (default $TMPDIR or /tmp).
     #[arg(long)]
     swap_dir: Option<PathBuf>,
@@ -167,9 +173,12 @@ fn prepare(a: &RunArgs) -> Result<std::process::Command, String> {
     if a.fault_threads > MAX_FAULT_THREADS {
         return Err(format!("--fault-threads {}: give 0 (one per CPU) to {MAX_FAULT_THREADS}", a.fault_threads));
     }
+    let compressor: tierswap::Compressor =
+        a.compressor.parse().map_err(|e| format!("--compressor '{}': {e}", a.compressor))?;
     let cfg = PagerConfig {
         budget_bytes,
         tiers,
+        compressor,
         pool_max_bytes,
         swap_dir: a.swap_dir.clone(),
         fault_threads: a.fault_threads,
@@ -200,6 +209,7 @@ fn prepare(a: &RunArgs) -> Result<std::process::Command, String> {
     }
     cmd.env("LD_PRELOAD", preload)
         .env("TIERSWAP_BUDGET", budget_bytes.to_string())
+        .env("TIERSWAP_COMPRESSOR", a.compressor.trim())
         .env("TIERSWAP_TIERS", a.tiers.trim())
         .env("TIERSWAP_MIN_SIZE", min_size.to_string())
         .env("TIERSWAP_MALLOC", malloc)

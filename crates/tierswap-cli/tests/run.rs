@@ -270,6 +270,7 @@ fn bad_arguments_are_one_line_and_exit_2() {
         (vec!["--pool-max", "150%", "--", p], "--pool-max"),
         (vec!["--min-size", "1K", "--", p], "--min-size"),
         (vec!["--malloc", "some", "--", p], "--malloc 'some'"),
+        (vec!["--compressor", "gzip", "--", p], "--compressor 'gzip'"),
         (vec!["--swap-dir", "/nonexistent/dir", "--", p], "not a directory"),
         (vec!["--"], "no program"),
         (vec![], "no program"),
@@ -293,7 +294,7 @@ fn bad_arguments_are_one_line_and_exit_2() {
         assert!(!marker.exists(), "{args:?}: the program must not run");
     }
     // The same program with good flags does run (the cases above failed for their flag).
-    let ran = run_to_end(tierswap_run(&["--budget", "8M"], &prog, &[]));
+    let ran = run_to_end(tierswap_run(&["--budget", "8M", "--compressor", "lz4"], &prog, &[]));
     assert!(ran.status.success() && marker.exists(), "{}", ran.describe());
 }
 

@@ -144,6 +144,9 @@ fn config_from_env() -> Result<(PagerConfig, Settings), String> {
     if let Some(t) = var("TIERSWAP_TIERS") {
         cfg.tiers = t.parse::<Tiers>().map_err(|e| format!("TIERSWAP_TIERS={t}: {e}"))?;
     }
+    if let Some(c) = var("TIERSWAP_COMPRESSOR") {
+        cfg.compressor = c.parse().map_err(|e| format!("TIERSWAP_COMPRESSOR={c}: {e}"))?;
+    }
     cfg.pool_max_bytes = size("TIERSWAP_POOL_MAX")?;
     cfg.swap_dir = var("TIERSWAP_SWAP_DIR").map(Into::into);
     if let Some(n) = var("TIERSWAP_FAULT_THREADS") {

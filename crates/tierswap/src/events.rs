@@ -65,6 +65,7 @@ use crate::pager::{Piece, RegionInner, Shared};
 use crate::pagetable::{Pte, PteState, PTES_PER_CHUNK};
 use crate::swap::entry::MAX_COUNT;
 use crate::sys;
+use crate::trail::What;
 use crate::uffd::{self, features, Event, RegisterMode, Uffd};
 
 /// Features of the program ranges' userfaultfd.
@@ -245,6 +246,9 @@ pub(crate) fn unmap(s: &Shared, start: usize, end: usize) {
     let displaced = s.displaced.take(start, end);
     held.extend(displaced.iter().map(|d| (d.start, d.end())));
     held.sort_unstable();
+    for &(a, b) in &held {
+        s.trail.mark(What::Held, a, b, 0, 0);
+    }
     for (a, b) in outside(start, end, &held) {
         forget(s, a, b);
     }
@@ -262,6 +266,7 @@ pub(crate) fn unmap(s: &Shared, start: usize, end: usize) {
 pub(crate) fn forget(s: &Shared, start: usize, end: usize) {
     let pieces = s.regions.write().unwrap_or_else(|e| e.into_inner()).cut(start, end);
     for p in pieces {
+        s.trail.mark(What::Cut, p.region.page_addr(p.lo), p.region.page_addr(p.hi), 0, p.region.id);
         discard(s, &p.region, p.lo, p.hi);
         if p.region.extents.load(Ordering::Acquire) == 0 && !s.displaced.holds(&p.region) {
             teardown(s, &p.region);
@@ -375,6 +380,9 @@ fn remap(s: &Shared, from: usize, to: usize, len: usize) {
             .map(|p| (p.region.page_addr(p.lo), p, None))
             .collect()
     };
+    for (at, p, _) in &pieces {
+        s.trail.mark(What::Cut, *at, *at + pages_to_bytes(p.hi - p.lo), 0, p.region.id);
+    }
     for d in displaced {
         let piece = Piece { region: d.piece.region.clone(), lo: d.piece.lo, hi: d.piece.hi };
         pieces.push((d.start, piece, Some(d)));
@@ -389,6 +397,7 @@ fn remap(s: &Shared, from: usize, to: usize, len: usize) {
         // mapping whose UNMAP / REMAP is on its way (displaced until it comes).
         let stale = s.regions.write().unwrap_or_else(|e| e.into_inner()).cut(new_start, new_start + pages_to_bytes(n));
         for q in stale {
+            s.trail.mark(What::Displace, q.region.page_addr(q.lo), q.region.page_addr(q.hi), 0, q.region.id);
             s.counters.remap_displaced.fetch_add(1, Ordering::Relaxed);
             s.displaced.push(q.region.page_addr(q.lo), q);
         }
@@ -410,10 +419,11 @@ fn remap(s: &Shared, from: usize, to: usize, len: usize) {
                 // Leaving until the events in hand are handled: a later one may concern
                 // the new range (the kernel made that change already).
                 s.mark_leaving(new.clone());
-                s.regions.write().unwrap_or_else(|e| e.into_inner()).insert(new.clone());
+                s.enter_region(new.clone());
                 transfer(s, r, p.lo, p.hi, &new);
             }
             Err(e) => {
+                s.trail.mark(What::RemapFailed, new_start, new_start + pages_to_bytes(n), 0, r.id);
                 eprintln!(
                     "tierswap: cannot follow mremap to {new_start:#x} ({e}); the moved pages that were swapped out read as zeros"
                 );
@@ -541,6 +551,7 @@ pub(crate) fn teardown(s: &Shared, r: &RegionInner) {
     if r.gone.swap(true, Ordering::AcqRel) {
         return;
     }
+    s.trail.mark(What::Teardown, r.start, r.start + r.len_bytes(), 0, r.id);
     discard(s, r, 0, r.n_pages);
     let len = pages_to_bytes(r.n_pages);
     let _ = s.mirror_uffd.unregister(r.mirror, len);

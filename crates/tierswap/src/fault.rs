@@ -398,8 +398,10 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
             finish_fault(s, t0);
             // The program runs again only now: its pte and the counters are final.
             s.wake(r.page_addr(first), n * PAGE_SIZE);
-            if tag == Some(Tag::File) && n == 1 && !scratch.in_thread {
-                // The program runs again already; read its likely next pages meanwhile.
+            // The program runs again already; bring in its likely next pages meanwhile.
+            let prefetched = n == 1 && !scratch.in_thread && prefetch_stride(s, &r, idx, scratch);
+            if tag == Some(Tag::File) && n == 1 && !scratch.in_thread && !prefetched {
+                // Read the disk pages around it meanwhile.
                 // (A large swap-in is its own prefetch: reading ahead past it would stage
                 // the stream's next pages, each then costing a fault of its own.)
                 let window = r.ra.next(idx, r.hint, s.config.readahead_max_pages);
@@ -504,14 +506,7 @@ fn swap_in(
     let mut fallback = 0u64;
     // File bytes of the range's records.
     let mut need = (u64::MAX, 0u64);
-    let pool_roomy = s.pool.total_bytes() < s.config.pool_max_bytes() / 4 * 3;
-    let may_keep = |tag: Tag, count: u32, slot: u64, write: bool| {
-        r.clean_tracking
-            && !write
-            && count == 1
-            && slot <= Pte::MAX_KEPT_SLOT
-            && (tag == Tag::File || tag == Tag::Remote || (tag == Tag::Pool && pool_roomy))
-    };
+    let pool_roomy = pool_roomy(s);
     // Remote pages of the range come in one round trip per node, fetched before any entry
     // is locked; each is opened against its locked entry (slot and version) when read below.
     scratch.remote.clear();
@@ -615,7 +610,7 @@ fn swap_in(
                 continue;
             }
         };
-        let keep = kind == Kind::Data && may_keep(e.tag(), e.count(), slot, write && j == idx);
+        let keep = kind == Kind::Data && keeps_slot(r, e, slot, write && j == idx, pool_roomy);
         *planned = Planned { pte: Some(pte), entry: e, kind, keep };
     }
     drop(shared_unit);
@@ -728,6 +723,126 @@ fn swap_in(
     }
     r.locality.note_swapin(hi);
     (from_tag, first, n)
+}
+
+/// Whether the pool may keep the objects of clean pages: while it is under its limit. A
+/// kept object doubles its page's memory until the page is written or evicted, but it is
+/// what makes evicting the page again free; past the limit, writeback moves the coldest
+/// objects to the file (kept ones too: their pages stay clean, on a file slot). With a
+/// quarter of the limit held free instead, a dense pool (zstd on the lab's pages: 1 GiB in
+/// ~110 MiB of a 128 MiB limit) kept nothing, and every page refaulted in order was
+/// compressed again when evicted: usemem refaulted 2.2× slower than with lz4.
+fn pool_roomy(s: &Shared) -> bool {
+    s.pool.total_bytes() < s.config.pool_max_bytes()
+}
+
+/// Whether a page read from locked entry `e` of `slot` comes in clean, keeping its slot (so
+/// evicting it unwritten costs no compression and no IO): not for a write, nor for a slot a
+/// forked child shares, nor for a pool object while the pool is short of room.
+fn keeps_slot(r: &RegionInner, e: SwapEntry, slot: u64, write: bool, pool_roomy: bool) -> bool {
+    let tag = e.tag();
+    r.clean_tracking
+        && !write
+        && e.count() == 1
+        && slot <= Pte::MAX_KEPT_SLOT
+        && (tag == Tag::File || tag == Tag::Remote || (tag == Tag::Pool && pool_roomy))
+}
+
+/// Stride prefetch after a lone fault on swapped page `idx`, whose thread runs again
+/// already: when the region's lone faults keep one stride, the next pages along it come
+/// into place now (`policy/stride.rs`), each as a clean page where its tier allows. Stops
+/// where the budget would be passed: a prefetch never makes a fault wait for room. Returns
+/// whether the faults kept a stride (the caller then reads nothing ahead from the disk).
+fn prefetch_stride(s: &Shared, r: &RegionInner, idx: usize, scratch: &mut Scratch) -> bool {
+    let max = s.config.stride_prefetch_max_pages;
+    if max == 0 || r.hint == crate::config::Hint::Random {
+        return false;
+    }
+    // Another thread deciding for this region meanwhile: this fault only loses its window.
+    let Some(p) = r.stride.try_lock().ok().and_then(|mut st| st.fault(idx, r.n_pages, max)) else {
+        return false;
+    };
+    s.counters.swap_prefetch_hit.fetch_add(p.passed as u64, Ordering::Relaxed);
+    let mut shared_unit = s.unit_cache.as_ref().and_then(try_lock);
+    let unit = match shared_unit.as_deref_mut() {
+        Some(c) => c,
+        None => &mut scratch.unit,
+    };
+    // Stride pages evicted together lie together in the file: read whole units.
+    unit.whole = true;
+    for k in 0..p.count as usize {
+        if s.footprint_bytes() + PAGE_SIZE as u64 > s.budget() {
+            s.kick_reclaim();
+            break;
+        }
+        let j = p.first + k * p.step;
+        prefetch_page(s, r, j, unit, &mut scratch.page, &mut scratch.compressed, &scratch.remote);
+    }
+    if s.footprint_bytes() > s.high_watermark() {
+        s.kick_reclaim();
+    }
+    true
+}
+
+/// Brings swapped page `j` of `r` into place if it is free to take (pte and entry unlocked,
+/// not shared with a forked child, not remote): a prefetch never waits, and a page it skips
+/// comes in on its own fault as usual. An unreadable page is left for its fault to report.
+fn prefetch_page(
+    s: &Shared,
+    r: &RegionInner,
+    j: usize,
+    unit: &mut UnitCache,
+    page: &mut AlignedBuf,
+    compressed: &mut [u8],
+    remote: &RemotePrefetch,
+) {
+    let Some(pte) = r.ptes.try_lock_in(j, PteState::Swapped) else {
+        return;
+    };
+    let slot = pte.payload();
+    let e = match s.swap.try_lock(slot) {
+        Some(e) if e.count() == 1 && e.tag() != Tag::Remote => e,
+        other => {
+            if let Some(e) = other {
+                s.swap.unlock(slot, e, e);
+            }
+            r.ptes.unlock(j, pte, pte);
+            return;
+        }
+    };
+    let addr = r.page_addr(j);
+    let data = match read_entry(s, slot, e, page.as_mut_slice(), unit, compressed, remote) {
+        Ok(data) => data,
+        Err(_) => {
+            s.swap.unlock(slot, e, e);
+            r.ptes.unlock(j, pte, pte);
+            return;
+        }
+    };
+    let keep = data && keeps_slot(r, e, slot, false, pool_roomy(s));
+    let res = s.guarded(r, || {
+        if data {
+            s.uffd.copy(addr, &page.as_slice()[..PAGE_SIZE], false, keep)
+        } else {
+            s.uffd.zeropage(addr, PAGE_SIZE, false)
+        }
+    });
+    if let Err(err) = res {
+        // The range is changing (an event in flight) or going: the page stays swapped.
+        let _ = settle_install(s, addr, Err(err));
+        s.swap.unlock(slot, e, e);
+        r.ptes.unlock(j, pte, pte);
+        return;
+    }
+    if keep {
+        s.swap.unlock(slot, e, e);
+        r.ptes.unlock(j, pte, Pte::present_clean(slot));
+    } else {
+        release_entry(s, slot, e);
+        r.ptes.unlock(j, pte, Pte::present());
+    }
+    s.present_pages.fetch_add(1, Ordering::Relaxed);
+    s.counters.swap_prefetch.fetch_add(1, Ordering::Relaxed);
 }
 
 /// For a lone fault on the file record at bytes `rec` (its entry locked): the file bytes
@@ -1121,6 +1236,7 @@ fn unknown_fault(s: &Shared, page_addr: usize, write: bool) {
     let grown = sys::vma_of(page_addr)
         .is_some_and(|(a, b)| !s.regions.read().unwrap_or_else(|e| e.into_inner()).overlapping(a, b).is_empty());
     if !grown {
+        s.trail.mark(crate::trail::What::Stale, page_addr, page_addr + PAGE_SIZE, 0, 0);
         s.counters.faults_stale.fetch_add(1, Ordering::Relaxed);
         s.wake(page_addr, PAGE_SIZE);
         return;

@@ -31,6 +31,7 @@ pub mod sigbus;
 pub mod stats;
 pub mod swap;
 pub mod sys;
+mod trail;
 pub mod uffd;
 pub mod writeback;
 

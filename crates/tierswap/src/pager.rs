@@ -127,6 +127,8 @@ pub(crate) struct RegionInner {
     pub(crate) ra: Readahead,
     /// Recent swap-in streams: the evidence for large swap-in.
     pub(crate) locality: Locality,
+    /// The stride of lone faults, for stride prefetch.
+    pub(crate) stride: Mutex<crate::policy::stride::Stride>,
     /// Where a first-touch fault would continue the last one's run (first-touch
     /// fault-around; `usize::MAX`: none yet).
     pub(crate) first_touch_next: AtomicUsize,
@@ -318,6 +320,8 @@ pub(crate) struct Shared {
     pub(crate) remapped_from: crate::events::RemappedFrom,
     /// Stale extents a REMAP's new range displaced, until their own event comes.
     pub(crate) displaced: crate::events::Displaced,
+    /// The last map changes and the events behind them, for a hang report.
+    pub(crate) trail: crate::trail::Trail,
     pub(crate) config: PagerConfig,
     pub(crate) regions: RwLock<RegionMap>,
     pub(crate) swap: SwapSpace,
@@ -573,6 +577,13 @@ impl Shared {
         let before = events.len();
         let n = self.uffd.read_events(events, max)?;
         for ev in &events[before..] {
+            use crate::trail::What;
+            match *ev {
+                uffd::Event::Remove { start, end } => self.trail.mark(What::Remove, start, end, 0, 0),
+                uffd::Event::Unmap { start, end } => self.trail.mark(What::Unmap, start, end, 0, 0),
+                uffd::Event::Remap { from, to, len } => self.trail.mark(What::Remap, from, from + len, to, 0),
+                _ => {}
+            }
             let ranges = match *ev {
                 uffd::Event::Remove { start, end } | uffd::Event::Unmap { start, end } => [(start, end), (0, 0)],
                 // The destination too: a stale extent there is left open (events.rs).
@@ -678,8 +689,14 @@ impl Shared {
                 held
             }
         };
-        self.regions.write().unwrap_or_else(|e| e.into_inner()).insert(r.clone());
+        self.enter_region(r.clone());
         Ok(r)
+    }
+
+    /// Enters region `r` in the map (the caller made sure nothing overlaps it).
+    pub(crate) fn enter_region(&self, r: Arc<RegionInner>) {
+        self.trail.mark(crate::trail::What::Enter, r.start, r.start + r.len_bytes(), 0, r.id);
+        self.regions.write().unwrap_or_else(|e| e.into_inner()).insert(r);
     }
 
     /// Takes the event lock with no extent of the map overlapping `[start, end)`, for the
@@ -760,6 +777,7 @@ impl Shared {
             reclaim_lock: RwLock::new(()),
             ra: Readahead::default(),
             locality: Locality::default(),
+            stride: Mutex::new(crate::policy::stride::Stride::default()),
             first_touch_next: AtomicUsize::new(usize::MAX),
             first_touch_window: AtomicUsize::new(0),
             clean_tracking: mode.wp,
@@ -951,6 +969,7 @@ impl Pager {
             leaving_marks: Mutex::new(Vec::new()),
             remapped_from: Default::default(),
             displaced: Default::default(),
+            trail: Default::default(),
             config,
             regions: RwLock::new(RegionMap::default()),
             swap,
@@ -1068,8 +1087,47 @@ impl Pager {
         };
         let mode = RegisterMode { missing: true, wp, minor: false };
         let r = s.new_region_at(addr, len_bytes / PAGE_SIZE, hint, mode, true)?;
-        s.regions.write().unwrap_or_else(|e| e.into_inner()).insert(r);
+        s.enter_region(r);
         Ok(())
+    }
+
+    /// What the pager knows of the address `addr`, for a hang report: the region map's
+    /// extents within 1 MiB of it, the mapping (VMA) holding it, and the last region-map
+    /// changes and program events that touched that span, oldest first. A program stuck
+    /// faulting on an address it has mapped means the map lost its region: this says how.
+    pub fn trail_near(&self, addr: usize) -> String {
+        const RADIUS: usize = 1 << 20;
+        let s = &self.shared;
+        let mut out = format!("what the pager knows of {addr:#x}:\n");
+        let pieces = s
+            .regions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .overlapping(addr.saturating_sub(RADIUS), addr.saturating_add(RADIUS));
+        for p in &pieces {
+            out += &format!(
+                "  map: region {} holds {:#x}..{:#x}{}\n",
+                p.region.id,
+                p.region.page_addr(p.lo),
+                p.region.page_addr(p.hi),
+                if p.region.leaving.load(Ordering::Relaxed) != 0 { " (leaving)" } else { "" }
+            );
+        }
+        if pieces.is_empty() {
+            out += "  map: no region within 1 MiB\n";
+        }
+        out += &match sys::vma_of(addr) {
+            Some((a, b)) => format!("  mapping (VMA) {a:#x}..{b:#x}\n"),
+            None => "  no mapping holds it\n".to_string(),
+        };
+        let marks = s.trail.near(addr, RADIUS);
+        if marks.is_empty() {
+            out += "  trail: nothing touched it in the last marks\n";
+        }
+        for m in marks {
+            out += &format!("  {m}\n");
+        }
+        out
     }
 
     /// The managed mapping holding `addr`, as (first byte, length in bytes).
@@ -1362,6 +1420,7 @@ impl Drop for Region {
             let extents = map.extents_of(r);
             for &(a, b) in &extents {
                 map.cut(a, b);
+                s.trail.mark(crate::trail::What::Cut, a, b, 0, r.id);
             }
             extents
         };

@@ -91,6 +91,10 @@ counters! {
     swap_ra_hit,
     /// Disk faults served with a window of one page: no readahead, for lack of locality.
     swap_ra_off,
+    /// Pages stride prefetch brought into place before the program touched them.
+    swap_prefetch,
+    /// Prefetched pages the program went through on its stride without a fault.
+    swap_prefetch_hit,
     /// Refaults of pages evicted recently enough to count as working set.
     workingset_refault,
     /// Refaulted pages activated at once.

@@ -191,6 +191,19 @@ fn munmap_head_tail_middle_and_whole_frees_everything() {
     assert_eq!(p.stats().swap_slots, s0.swap_slots - 20);
     assert_eq!(p.mapping_of(base + 110 * PAGE), None);
     assert_eq!(p.mapping_of(base + 99 * PAGE), Some((base, n * PAGE)));
+    // The hang report's view of the hole: the event, the cut, the region still on both sides.
+    let trail = p.trail_near(base + 110 * PAGE);
+    let (hole, end) = (base + 100 * PAGE, base + 120 * PAGE);
+    for want in [
+        format!("entered at {base:#x}..{:#x}", base + n * PAGE),
+        format!("UNMAP read {hole:#x}..{end:#x}"),
+        format!("cut at {hole:#x}..{end:#x}"),
+        format!("holds {base:#x}..{hole:#x}"),
+        format!("holds {end:#x}..{:#x}", base + n * PAGE),
+        "no mapping holds it".to_string(),
+    ] {
+        assert!(trail.contains(&want), "'{want}' not in:\n{trail}");
+    }
     // Head: 10 present pages. Tail: swapped.
     munmap(base, 0..10);
     assert_eq!(p.stats().present_pages, s0.present_pages - 10);

