@@ -441,6 +441,14 @@ impl PagerConfig {
         }
     }
 
+    /// Whether fault threads reclaim directly: `direct_reclaim`, in thread mode only (as
+    /// documented there). In signal mode the program's threads serve their own faults and
+    /// the fault thread mostly reads the events a fork, munmap or madvise waits on: its
+    /// time goes to those, not to evicting.
+    pub fn reclaims_directly(&self) -> bool {
+        self.direct_reclaim && self.fault_mode == FaultMode::Thread
+    }
+
     /// The swap file's directory in force.
     pub fn swap_dir(&self) -> PathBuf {
         self.swap_dir.clone().unwrap_or_else(std::env::temp_dir)

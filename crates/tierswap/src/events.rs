@@ -418,7 +418,7 @@ fn remap(s: &Shared, from: usize, to: usize, len: usize) {
                 }
                 // Leaving until the events in hand are handled: a later one may concern
                 // the new range (the kernel made that change already).
-                s.mark_leaving(new.clone());
+                s.mark_leaving(&new);
                 s.enter_region(new.clone());
                 transfer(s, r, p.lo, p.hi, &new);
             }

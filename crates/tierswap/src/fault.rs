@@ -97,7 +97,7 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
     let spin = Duration::from_micros(s.config.fault_spin_us as u64);
     // When this thread last served something: it polls without sleeping until `spin` after.
     let mut last_served: Option<Instant> = None;
-    if s.config.direct_reclaim {
+    if s.config.reclaims_directly() {
         match crate::reclaim::DirectReclaim::new(s.clone()) {
             Ok(d) => scratch.direct = Some(d),
             Err(e) => {
@@ -178,10 +178,13 @@ fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<E
     events.clear();
     let fds = [s.uffd.as_raw_fd(), s.mirror_uffd.as_raw_fd()];
     let mut forks = 0;
+    // Until the gate opens, glibc may hold malloc's locks: nothing here allocates.
+    let mut no_alloc = Some(crate::inject::no_alloc());
     let busy = loop {
         if let Some(b) = crate::forkgate::enter_unless_closed() {
             break b;
         }
+        no_alloc = no_alloc.or_else(|| Some(crate::inject::no_alloc()));
         let ready = uffd::poll_fds(&fds, 1).unwrap_or(0);
         if ready & 0b10 != 0 {
             serve_mirror_faults(s, mirror_events);
@@ -205,6 +208,7 @@ fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<E
             // The forking thread runs in user space (a fork handler, before or after the
             // fork itself), so malloc is free: handle the events read so far, the fork
             // snapshot included, then serve its fault. Other threads' faults wait.
+            no_alloc = None;
             handle_non_faults(s, events);
             s.fork_hold.fetch_sub(forks as u32, Ordering::SeqCst);
             forks = 0;
@@ -221,6 +225,7 @@ fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<E
             }
         }
     };
+    drop(no_alloc);
     handle_non_faults(s, events);
     s.fork_hold.fetch_sub(forks as u32, Ordering::SeqCst);
     drop(ev_lock);
@@ -310,6 +315,8 @@ pub(crate) fn serve_in_thread(s: &Shared, addr: usize, access: Option<(bool, boo
 /// Serves faults on mirrors: only the pager reads mirrors, and only pages it staged; a
 /// hole there means the page was zero (it read as such before staging).
 fn serve_mirror_faults(s: &Shared, events: &mut Vec<Event>) {
+    // Also while a fork holds the gate: nothing here allocates.
+    let _no_alloc = crate::inject::no_alloc();
     events.clear();
     if s.mirror_uffd.read_events(events, 64).is_err() {
         return;

@@ -16,8 +16,10 @@
 //!   under the event lock (creating or dropping a region), and a fault served in the
 //!   faulting thread.
 //! - While the gate is closed, a fault thread holds the event lock and only polls and
-//!   reads messages into room it already has (`fault::fork_wait`). Once the gate opens it
-//!   handles them in order, the fork snapshot first.
+//!   reads messages into room it already has (`fault::fork_wait`), marking the regions
+//!   they concern without allocating (a no-alloc section, `inject::no_alloc`, which
+//!   tests/fork_safety.rs checks with a counting allocator). Once the gate opens it handles
+//!   them in order, the fork snapshot first.
 //! - The forking thread itself may fault on managed memory while the gate is closed: fork
 //!   handlers registered before ours run after our prepare handler, and before our parent
 //!   handler (a jemalloc's, its locks in managed memory). malloc is free whenever that

@@ -459,6 +459,45 @@ pub(crate) fn fault_stall() {
     pause(Kind::FaultStall)
 }
 
+#[cfg(feature = "fault-injection")]
+thread_local! {
+    /// Whether this thread is in a [`NoAlloc`] section.
+    static NO_ALLOC: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A section of a pager thread that must not allocate: it runs while a fork may hold
+/// malloc's locks (forkgate.rs), so an allocation there could hang the program. With the
+/// `fault-injection` feature the thread is marked while the guard lives, and a test's
+/// global allocator asks [`in_no_alloc_section`] to count what such sections allocate
+/// (tests/fork_safety.rs). Without it, nothing.
+#[must_use]
+pub(crate) struct NoAlloc(());
+
+/// Marks the calling thread as in a [`NoAlloc`] section until the guard drops.
+#[inline(always)]
+pub(crate) fn no_alloc() -> NoAlloc {
+    #[cfg(feature = "fault-injection")]
+    NO_ALLOC.with(|c| c.set(true));
+    NoAlloc(())
+}
+
+impl Drop for NoAlloc {
+    #[inline(always)]
+    fn drop(&mut self) {
+        #[cfg(feature = "fault-injection")]
+        NO_ALLOC.with(|c| c.set(false));
+    }
+}
+
+/// Whether the calling thread is in a section that must not allocate (always false
+/// without the `fault-injection` feature). Allocates nothing: for global allocators.
+pub fn in_no_alloc_section() -> bool {
+    #[cfg(feature = "fault-injection")]
+    return NO_ALLOC.try_with(|c| c.get()).unwrap_or(false);
+    #[cfg(not(feature = "fault-injection"))]
+    false
+}
+
 /// A compressor's answer, possibly failed (`None`) or given a garbage length.
 #[inline(always)]
 pub(crate) fn compressed(n: Option<usize>) -> Option<usize> {

@@ -143,10 +143,14 @@ pub(crate) struct RegionInner {
     pub(crate) extents: AtomicUsize,
     /// Torn down: its mirror is gone and nothing may touch it any more.
     pub(crate) gone: AtomicBool,
-    /// Events read but not handled yet that concern this range (REMOVE, UNMAP, REMAP; see
-    /// [`Shared::guarded`]), plus one for good once its [`Region`] is dropped: while
-    /// non-zero, nothing is installed in the program's range and nothing is moved out of it.
+    /// Holds on this range besides the events in hand (`marked_in`): one for each piece
+    /// an mremap displaced until it is settled, and one for good once its [`Region`] is
+    /// dropped. While either says so ([`Shared::is_leaving`]), nothing is installed in the
+    /// program's range and nothing is moved out of it.
     pub(crate) leaving: AtomicU32,
+    /// The batch of events ([`Shared::event_batch`]) whose read marked this range leaving
+    /// too, until that batch is handled; 0: none.
+    pub(crate) marked_in: AtomicU64,
 }
 
 impl RegionInner {
@@ -192,6 +196,13 @@ pub(crate) struct Piece {
 }
 
 impl RegionMap {
+    /// The regions with a live extent overlapping `[start, end)`, from the highest address
+    /// down (a region once per extent). Allocates nothing: used while a fork may hold
+    /// malloc's locks (`Shared::read_program_events`).
+    pub(crate) fn regions_overlapping(&self, start: usize, end: usize) -> impl Iterator<Item = &RegionInner> {
+        self.extents.range(..end).rev().take_while(move |(_, (e, _))| *e > start).map(|(_, (_, r))| &**r)
+    }
+
     /// The region whose live extent holds `addr`.
     pub(crate) fn find(&self, addr: usize) -> Option<Arc<RegionInner>> {
         let (_, (end, r)) = self.extents.range(..=addr).next_back()?;
@@ -314,8 +325,11 @@ pub(crate) struct Shared {
     /// Write-held while reading `uffd` and marking the regions its events concern;
     /// read-held by every change to a program range ([`Shared::guarded`]).
     pub(crate) install_gate: RwLock<()>,
-    /// The regions marked `leaving` by the events in hand (read, not handled yet).
-    pub(crate) leaving_marks: Mutex<Vec<Arc<RegionInner>>>,
+    /// The batch of events in hand (read, not handled yet), from 1: a region its reads
+    /// marked holds this number in `marked_in`, and handling the batch moves it on, which
+    /// unmarks them all at once. Nothing to allocate or free: marks are made while a fork
+    /// holds malloc's locks (forkgate.rs; a list of marked regions hung a fork that way).
+    pub(crate) event_batch: AtomicU64,
     /// Old ranges of mremaps whose trailing UNMAP is still to come.
     pub(crate) remapped_from: crate::events::RemappedFrom,
     /// Stale extents a REMAP's new range displaced, until their own event comes.
@@ -437,7 +451,7 @@ impl Shared {
     fn fixed_bytes(&self) -> u64 {
         let unit = self.config.file_unit_bytes;
         let copies = self.fault_threads + self.signal_scratch.len() + self.unit_cache.is_some() as usize;
-        let writers = 2 + if self.config.direct_reclaim { self.fault_threads } else { 0 };
+        let writers = 2 + if self.config.reclaims_directly() { self.fault_threads } else { 0 };
         let file_buf = if self.file.is_some() {
             writers * unit + copies * crate::backend::file::UnitCache::bytes(unit)
         } else {
@@ -592,8 +606,8 @@ impl Shared {
             };
             let map = self.regions.read().unwrap_or_else(|e| e.into_inner());
             for (a, b) in ranges.into_iter().filter(|(a, b)| a < b) {
-                for p in map.overlapping(a, b) {
-                    self.mark_leaving(p.region);
+                for r in map.regions_overlapping(a, b) {
+                    self.mark_leaving(r);
                 }
             }
         }
@@ -603,17 +617,20 @@ impl Shared {
     /// Marks `r` leaving until the events in hand are handled ([`Shared::unmark_leaving`]).
     /// A region an mremap creates is marked too: a later event of the same read may
     /// concern it, and the kernel has made that change already.
-    pub(crate) fn mark_leaving(&self, r: Arc<RegionInner>) {
-        r.leaving.fetch_add(1, Ordering::AcqRel);
-        self.leaving_marks.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+    pub(crate) fn mark_leaving(&self, r: &RegionInner) {
+        r.marked_in.store(self.event_batch.load(Ordering::Acquire), Ordering::Release);
     }
 
     /// The events in hand are handled: their regions are no longer leaving.
     pub(crate) fn unmark_leaving(&self) {
-        let marks = std::mem::take(&mut *self.leaving_marks.lock().unwrap_or_else(|e| e.into_inner()));
-        for r in marks {
-            r.leaving.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.event_batch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Whether nothing may be installed in `r`'s program range or moved out of it now: an
+    /// event in hand concerns it, or it is being dropped (see [`Shared::guarded`]).
+    pub(crate) fn is_leaving(&self, r: &RegionInner) -> bool {
+        r.leaving.load(Ordering::Acquire) != 0
+            || r.marked_in.load(Ordering::Acquire) == self.event_batch.load(Ordering::Acquire)
     }
 
     /// Runs `op`, a change to the program's range of `r` (an install, a move in or out),
@@ -628,7 +645,7 @@ impl Shared {
     /// address the region no longer holds.
     pub(crate) fn guarded<T>(&self, r: &RegionInner, op: impl FnOnce() -> uffd::Result<T>) -> uffd::Result<T> {
         let _gate = self.install_gate.read().unwrap_or_else(|e| e.into_inner());
-        if r.leaving.load(Ordering::Acquire) != 0 {
+        if self.is_leaving(r) {
             return Err(uffd::Error::Again { op: "change to a leaving range", done_bytes: 0 });
         }
         op()
@@ -785,6 +802,7 @@ impl Shared {
             extents: AtomicUsize::new(0),
             gone: AtomicBool::new(false),
             leaving: AtomicU32::new(0),
+            marked_in: AtomicU64::new(0),
         }))
     }
 
@@ -966,7 +984,7 @@ impl Pager {
             mirror_uffd,
             event_lock: Mutex::new(()),
             install_gate: RwLock::new(()),
-            leaving_marks: Mutex::new(Vec::new()),
+            event_batch: AtomicU64::new(1),
             remapped_from: Default::default(),
             displaced: Default::default(),
             trail: Default::default(),
@@ -1110,7 +1128,7 @@ impl Pager {
                 p.region.id,
                 p.region.page_addr(p.lo),
                 p.region.page_addr(p.hi),
-                if p.region.leaving.load(Ordering::Relaxed) != 0 { " (leaving)" } else { "" }
+                if self.shared.is_leaving(&p.region) { " (leaving)" } else { "" }
             );
         }
         if pieces.is_empty() {

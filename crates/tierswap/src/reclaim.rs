@@ -558,7 +558,7 @@ impl Reclaim {
                     let skip = match e {
                         uffd::Error::Busy { .. } => Some(PteState::Present),
                         // An event about this range is in hand: its handler settles these ptes.
-                        uffd::Error::Again { .. } if r.leaving.load(Ordering::Acquire) != 0 => Some(PteState::Present),
+                        uffd::Error::Again { .. } if self.s.is_leaving(r) => Some(PteState::Present),
                         uffd::Error::Again { .. } if again < 8 => {
                             again += 1;
                             None

@@ -12,6 +12,44 @@ use std::time::{Duration, Instant};
 
 use tierswap::{FaultMode, Hint, Pager, PagerConfig, Tiers};
 
+/// Allocations (and frees) made by pager threads in sections that must not allocate
+/// (`tierswap::inject::in_no_alloc_section`): while a fork holds malloc's locks, one of
+/// them hangs the program.
+static FORBIDDEN_ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+/// The system allocator, counting what no-alloc sections do.
+struct Counting;
+
+fn count_forbidden() {
+    if tierswap::inject::in_no_alloc_section() {
+        FORBIDDEN_ALLOCS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call goes to the system allocator with the caller's arguments.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count_forbidden();
+        // SAFETY: the caller's layout, as GlobalAlloc::alloc requires.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        count_forbidden();
+        // SAFETY: ptr came from System.alloc with this layout.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        count_forbidden();
+        // SAFETY: ptr came from System.alloc with this layout.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
 const PAGE: usize = 4096;
 
 fn pager(mode: FaultMode, fault_threads: usize) -> Pager {
@@ -287,5 +325,73 @@ fn fork_handlers_that_touch_swapped_out_memory_are_served() {
     }
     assert_eq!(HANDLER_READS.load(Ordering::Relaxed), 2 * 2 * 20, "both handlers ran at every fork");
     assert_eq!(HANDLER_BAD.load(Ordering::Relaxed), 0, "the handlers read their bytes");
+    println!("scenario done");
+}
+
+/// A detached mapping the next fork's prepare handler frees (0: not armed).
+static FREE_IN_PREPARE: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn prepare_frees() {
+    let addr = FREE_IN_PREPARE.swap(0, Ordering::AcqRel) as usize;
+    if addr == 0 {
+        return;
+    }
+    // SAFETY: the armed address is a 16-page detached mapping nothing else uses; its second
+    // half is dropped (a REMOVE event), then the whole is unmapped (an UNMAP event).
+    unsafe {
+        libc::madvise((addr + 8 * PAGE) as *mut libc::c_void, 8 * PAGE, libc::MADV_DONTNEED);
+        libc::munmap(addr as *mut libc::c_void, 16 * PAGE);
+    }
+}
+
+/// A fork handler registered before the pager frees managed memory while the gate is
+/// closed: the fault thread reads the REMOVE and UNMAP it waits on in the window where
+/// glibc may hold malloc's locks, and must do so without allocating (a list of the regions
+/// those events concern once grew there, and a fork hung). Deterministic: every fork's
+/// window gets both events, and the test's allocator counts any allocation in a no-alloc
+/// section. Both fault modes.
+#[test]
+fn events_read_while_a_fork_holds_the_gate_allocate_nothing() {
+    const NAME: &str = "events_read_while_a_fork_holds_the_gate_allocate_nothing";
+    if !in_scenario(NAME) {
+        return run_isolated(NAME, Duration::from_secs(60));
+    }
+    // SAFETY: a plain extern "C" handler that frees an armed mapping.
+    assert_eq!(unsafe { libc::pthread_atfork(Some(prepare_frees), None, None) }, 0);
+    for mode in [FaultMode::Thread, FaultMode::Signal] {
+        let p = pager(mode, 1);
+        let n = 64;
+        let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+        let base = r.as_ptr() as usize;
+        let before = p.stats().counters;
+        for round in 0..20u64 {
+            write_words(r.as_mut_slice(), n, round);
+            p.evict_all();
+            let d = p.map_detached(16 * PAGE, Hint::Normal).unwrap();
+            // SAFETY: our own fresh mapping: its first and last pages are written.
+            unsafe {
+                std::ptr::write_volatile(d as *mut u64, round);
+                std::ptr::write_volatile(d.add(15 * PAGE) as *mut u64, round);
+            }
+            FREE_IN_PREPARE.store(d as u64, Ordering::Release);
+            match fork_and_read(base, 3, word(3, round)) {
+                Ok(()) => {}
+                Err(e) if signal_mode_child_sigbus(mode, &e) => {}
+                Err(e) => panic!("{mode:?} round {round}: {e}"),
+            }
+            assert_eq!(FREE_IN_PREPARE.load(Ordering::Acquire), 0, "{mode:?} round {round}: the handler ran");
+        }
+        let after = p.stats().counters;
+        assert_eq!(after.event_unmap - before.event_unmap, 20, "{mode:?}: every munmap was seen");
+        assert_eq!(after.event_remove - before.event_remove, 20, "{mode:?}: every madvise was seen");
+        let bad = (0..n).filter(|&pg| r.as_slice()[pg * PAGE..pg * PAGE + 8] != word(pg, 19).to_le_bytes()).count();
+        assert_eq!(bad, 0, "{mode:?}: the region's pages came back");
+        println!("{mode:?}: {} allocations in no-alloc sections", FORBIDDEN_ALLOCS.load(Ordering::Relaxed));
+    }
+    assert_eq!(
+        FORBIDDEN_ALLOCS.load(Ordering::Relaxed),
+        0,
+        "pager threads allocated while a fork could hold malloc's locks"
+    );
     println!("scenario done");
 }
