@@ -418,9 +418,12 @@ fn short_reads_are_finished() {
 #[test]
 fn read_eio_gives_sigbus_to_the_reader_only() {
     child_or!({
+        // 1 read in 8: a failed unit read is retried record by record and only the
+        // faulting page's own failed record is SIGBUS, so at 1 in 30 some runs had none
+        // (0-2 SIGBUS pages of ~42 failed reads; 7-29 of ~170 at 1 in 8).
         let o = scenario(
             "read_eio_gives_sigbus_to_the_reader_only",
-            "file_read_eio:1/30,seed=8",
+            "file_read_eio:1/8,seed=8",
             &[Kind::FileReadEio],
             true,
         );
