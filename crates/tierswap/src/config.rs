@@ -255,6 +255,15 @@ pub struct PagerConfig {
     /// swapped-in faults keep one stride, the next pages along it are brought into place
     /// before the program touches them (`policy/stride.rs`). Lab variant `prefetch=N`.
     pub stride_prefetch_max_pages: u32,
+    /// A clean page read back from its kept file slot a second time gives the slot up, so
+    /// its next eviction stores it in the pool instead of dropping it back to the file: a
+    /// hot set read from the file once stops being read from the file on every pass. The
+    /// first read marks the file entry (its referenced bit, unused on the file otherwise).
+    /// Off by default: with the pool at 192 MiB of 256 it cut a 2 GiB hotset's file reads
+    /// from 196,608 to 49,153 but its refault only from 2.42 s to 2.14 s (the hot set still
+    /// churns through the pool), and changed nothing on the seed workloads tried
+    /// (`docs/lab/pool-192M-spans`). Lab variant `[no-]reread-to-pool`.
+    pub reread_to_pool: bool,
     /// Bytes of one file write (a unit of packed records): a power of two, 64 KiB to 4 MiB.
     /// Larger units mean fewer, larger IOs (flash likes them) and larger read buffers.
     pub file_unit_bytes: usize,
@@ -408,6 +417,7 @@ impl Default for PagerConfig {
             fault_threads: 0,
             readahead_max_pages: crate::policy::readahead::DEFAULT_MAX_PAGES,
             stride_prefetch_max_pages: crate::policy::stride::DEFAULT_MAX_PAGES,
+            reread_to_pool: false,
             file_unit_bytes: crate::backend::file::DEFAULT_UNIT_BYTES,
             file_read_next_unit: true,
             swapin_policy: SwapinPolicy::default(),

@@ -617,7 +617,7 @@ fn swap_in(
                 continue;
             }
         };
-        let keep = kind == Kind::Data && keeps_slot(r, e, slot, write && j == idx, pool_roomy);
+        let keep = kind == Kind::Data && keeps_slot(s, r, e, slot, write && j == idx, pool_roomy);
         *planned = Planned { pte: Some(pte), entry: e, kind, keep };
     }
     drop(shared_unit);
@@ -691,7 +691,7 @@ fn swap_in(
                 // Judged while the slot still carries its eviction time.
                 let new = if j == idx { workingset_refault(s, slot, new) } else { new };
                 if p.keep {
-                    s.swap.unlock(slot, p.entry, p.entry);
+                    s.swap.unlock(slot, p.entry, kept_entry(s, p.entry));
                 } else {
                     release_entry(s, slot, p.entry);
                 }
@@ -745,14 +745,33 @@ fn pool_roomy(s: &Shared) -> bool {
 
 /// Whether a page read from locked entry `e` of `slot` comes in clean, keeping its slot (so
 /// evicting it unwritten costs no compression and no IO): not for a write, nor for a slot a
-/// forked child shares, nor for a pool object while the pool is short of room.
-fn keeps_slot(r: &RegionInner, e: SwapEntry, slot: u64, write: bool, pool_roomy: bool) -> bool {
+/// forked child shares, nor for a pool object while the pool is short of room, nor (with
+/// `reread_to_pool`) for a file record read back clean once already.
+fn keeps_slot(s: &Shared, r: &RegionInner, e: SwapEntry, slot: u64, write: bool, pool_roomy: bool) -> bool {
     let tag = e.tag();
     r.clean_tracking
         && !write
         && e.count() == 1
         && slot <= Pte::MAX_KEPT_SLOT
-        && (tag == Tag::File || tag == Tag::Remote || (tag == Tag::Pool && pool_roomy))
+        && (tag == Tag::Remote || (tag == Tag::Pool && pool_roomy) || (tag == Tag::File && !reread(s, e)))
+}
+
+/// Whether file entry `e` was read back clean before and, with `reread_to_pool`, should now
+/// give its slot up.
+fn reread(s: &Shared, e: SwapEntry) -> bool {
+    s.config.reread_to_pool && e.referenced()
+}
+
+/// The entry a page read in clean leaves in its kept slot: with `reread_to_pool`, a file
+/// record is marked read once (see [`PagerConfig::reread_to_pool`]).
+///
+/// [`PagerConfig::reread_to_pool`]: crate::config::PagerConfig::reread_to_pool
+fn kept_entry(s: &Shared, e: SwapEntry) -> SwapEntry {
+    if s.config.reread_to_pool && e.tag() == Tag::File {
+        e.with_referenced(true)
+    } else {
+        e
+    }
 }
 
 /// Stride prefetch after a lone fault on swapped page `idx`, whose thread runs again
@@ -826,7 +845,7 @@ fn prefetch_page(
             return;
         }
     };
-    let keep = data && keeps_slot(r, e, slot, false, pool_roomy(s));
+    let keep = data && keeps_slot(s, r, e, slot, false, pool_roomy(s));
     let res = s.guarded(r, || {
         if data {
             s.uffd.copy(addr, &page.as_slice()[..PAGE_SIZE], false, keep)

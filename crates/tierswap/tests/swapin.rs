@@ -546,3 +546,46 @@ fn a_write_into_a_large_zero_range_lands_and_the_rest_stays_zero() {
         assert_eq!(b, if i == 5 * PAGE + 17 { 0xab } else { 0 }, "byte {i}");
     }
 }
+
+/// Pages on the file read back twice, evicted after each read: the first read keeps the file
+/// slot (the eviction after it is clean, no compression); with `reread_to_pool` the second
+/// read gives the slot up, so the eviction after it compresses the pages into the pool.
+/// Without it they go back to their file slots clean again. Every byte is checked each time.
+#[test]
+fn pages_read_back_from_the_file_twice_go_to_the_pool_with_reread_to_pool() {
+    let n = 512;
+    for reread in [false, true] {
+        let p = pager("zero,pool,file", |c| {
+            c.pool_max_bytes = Some(256 << 10);
+            c.compressor = tierswap::Compressor::Lz4;
+            c.reread_to_pool = reread;
+        });
+        let r = evicted_region(&p, n, Hint::Normal);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while p.stats().file_pages < n as u64 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(p.stats().file_pages, n as u64, "{reread}: every page on the file: {:?}", p.stats());
+        // First read back and eviction: clean, to the same file slots, either way.
+        let c0 = p.stats().counters;
+        read_all_in_order(&r, n);
+        p.evict_all();
+        let c1 = p.stats().counters;
+        assert_eq!(c1.pswpin - c0.pswpin, n as u64, "{reread}: every page read from the file: {c1:?}");
+        assert_eq!(c1.swpout_clean - c0.swpout_clean, n as u64, "{reread}: the first eviction is clean: {c1:?}");
+        assert_eq!(c1.zswpout, c0.zswpout, "{reread}: nothing compressed: {c1:?}");
+        // Second read back and eviction: into the pool only with reread_to_pool.
+        read_all_in_order(&r, n);
+        p.evict_all();
+        let c2 = p.stats().counters;
+        assert_eq!(c2.pswpin - c1.pswpin, n as u64, "{reread}: read from the file again: {c2:?}");
+        let (clean, compressed) = (c2.swpout_clean - c1.swpout_clean, c2.zswpout - c1.zswpout);
+        if reread {
+            assert_eq!((clean, compressed), (0, n as u64), "{reread}: compressed into the pool: {c2:?}");
+        } else {
+            assert_eq!((clean, compressed), (n as u64, 0), "{reread}: back to the file clean: {c2:?}");
+        }
+        // And the bytes are still right wherever they are now.
+        read_all_in_order(&r, n);
+    }
+}
