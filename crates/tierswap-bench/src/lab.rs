@@ -27,7 +27,7 @@ pub struct Outcome {
     pub retried: Vec<String>,
     /// Runs that failed, one line each.
     pub failures: Vec<String>,
-    /// Stopped early by Ctrl-C / SIGTERM.
+    /// Stopped early by Ctrl-C / SIGTERM / SIGHUP.
     pub interrupted: bool,
 }
 
@@ -37,8 +37,9 @@ extern "C" fn on_signal(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
-/// Makes SIGINT and SIGTERM stop the lab between runs (engines then tear down as usual).
-/// A second signal kills the process the default way.
+/// Makes SIGINT, SIGTERM and SIGHUP (a closed terminal) stop the lab between runs (engines
+/// then tear down as usual, putting the machine back). A second signal kills the process
+/// the default way; the next lab, or `tierswap bench restore`, then puts it back.
 pub fn install_interrupt_handler() {
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe; SA_RESETHAND
     // restores the default action so a second Ctrl-C ends the process.
@@ -48,10 +49,11 @@ pub fn install_interrupt_handler() {
         sa.sa_flags = libc::SA_RESETHAND;
         libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
         libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
+        libc::sigaction(libc::SIGHUP, &sa, std::ptr::null_mut());
     }
 }
 
-/// Whether SIGINT/SIGTERM arrived.
+/// Whether SIGINT, SIGTERM or SIGHUP arrived.
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }

@@ -401,7 +401,10 @@ fn start_server(
         }
         Setup::KernelZswap => {
             let (root, limit, _, _) = memcg_root().ok_or("no cgroup memory controller")?;
-            let s = sys.get_or_insert_with(System::new);
+            let s = match sys {
+                Some(s) => s,
+                None => sys.insert(System::acquire()?),
+            };
             s.swapoff_all();
             let _ = s.set_zswap("compressor", "lzo");
             s.set_zswap("enabled", "Y")?;

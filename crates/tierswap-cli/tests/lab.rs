@@ -188,3 +188,28 @@ fn killed_halfway_then_restore_puts_it_back() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("restored"), "{}", String::from_utf8_lossy(&out.stdout));
     assert_eq!(state(), before, "restore put the machine back");
 }
+
+/// Two labs with kernel engines side by side once left zswap enabled: the second recorded
+/// the first's "enabled" as the original and put it back last. Now the second is refused,
+/// naming the first, and the machine ends as it was.
+#[test]
+fn a_second_lab_beside_a_running_one_is_refused_and_nothing_is_left() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require_root();
+    let before = state();
+    let mut first = long_lab("kernel-zswap");
+    wait_for("the zswap swap file to be on", ours_active);
+    let second = Command::new(bin())
+        .args(["bench", "--workload", "seq64", "--size", "64M", "--budget", "32M", "--runs", "1", "--quiet"])
+        .args(["--engine", "kernel-zswap"])
+        .output()
+        .unwrap();
+    // Stop the first before asserting anything: a failed test must not leave it running.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(first.id() as i32, libc::SIGINT) };
+    first.wait().unwrap();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "the second lab ran beside the first: {err}");
+    assert!(err.contains(&format!("another lab (pid {})", first.id())), "{err}");
+    assert_eq!(state(), before, "the machine is as it was after both");
+}

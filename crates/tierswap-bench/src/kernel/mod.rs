@@ -159,7 +159,10 @@ impl KernelEngine {
         let dir = self.swap_dir();
         let kind = self.kind;
         let pool_pct = self.opts.zswap_max_pool_percent;
-        let sys = self.system.get_or_insert_with(System::new);
+        let sys = match &mut self.system {
+            Some(sys) => sys,
+            None => self.system.insert(System::acquire()?),
+        };
         sys.swapoff_all();
         let room = size_bytes + size_bytes / 4 + (64 << 20);
         match kind {

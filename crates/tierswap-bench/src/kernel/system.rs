@@ -74,44 +74,107 @@ pub fn active_swaps() -> Vec<PathBuf> {
         .collect()
 }
 
-/// The system state guard of one lab invocation.
-pub struct System {
+/// What this process has changed, while it holds the machine's swap settings.
+struct Held {
     rec: Record,
+    /// The state directory, open: its `flock` says this process holds the settings.
+    _lock: std::fs::File,
+    /// Live [`System`] handles.
+    users: usize,
+}
+
+/// The process's record, shared by every kernel engine of a lab (kernel-zswap and
+/// kernel-zram each held their own once: each recorded as "original" what the other had
+/// set, and whichever restored last could leave zswap on).
+static HELD: std::sync::Mutex<Option<Held>> = std::sync::Mutex::new(None);
+
+fn held() -> std::sync::MutexGuard<'static, Option<Held>> {
+    HELD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A handle on the machine's swap settings for this process: every change is recorded
+/// (original first, in memory and in the state file) and put back by [`System::restore`],
+/// and when the last handle drops. One process at a time holds them (an exclusive `flock`
+/// on the state directory): two labs side by side each recorded the other's
+/// changes as the originals, and the one finishing last left zswap enabled.
+pub struct System {
+    _handle: (),
+}
+
+/// Takes the cross-process lock (an exclusive `flock` on the state directory itself, so no
+/// file is left behind), or says who has it.
+fn take_lock() -> Result<std::fs::File, String> {
+    use std::os::fd::AsRawFd;
+    std::fs::create_dir_all(STATE_DIR).map_err(|e| format!("cannot create {STATE_DIR}: {e}"))?;
+    let dir = std::fs::File::open(STATE_DIR).map_err(|e| format!("cannot open {STATE_DIR}: {e}"))?;
+    // SAFETY: flock on a descriptor we opened; the kernel releases it when the process dies.
+    if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        // The holder's pid is in its record once it has changed anything.
+        let owner = std::fs::read_to_string(state_file())
+            .ok()
+            .and_then(|t| serde_json::from_str::<Record>(&t).ok())
+            .map_or_else(|| "unknown".to_string(), |r| r.pid.to_string());
+        return Err(format!(
+            "another lab (pid {owner}) is changing this machine's swap settings; run one lab with kernel engines at a time"
+        ));
+    }
+    Ok(dir)
 }
 
 impl System {
-    /// Starts recording (after undoing what a killed earlier run left behind).
-    pub fn new() -> System {
-        restore_leftovers();
-        System { rec: Record { pid: std::process::id(), ..Default::default() } }
-    }
-
-    fn save(&self) {
-        let _ = std::fs::create_dir_all(STATE_DIR);
-        if let Ok(text) = serde_json::to_string_pretty(&self.rec) {
-            let tmp = state_file().with_extension("tmp");
-            if std::fs::write(&tmp, text).is_ok() {
-                let _ = std::fs::rename(tmp, state_file());
+    /// Takes the machine's swap settings for this process (after undoing what a killed
+    /// earlier run left behind), or joins the handles this process holds already. Fails
+    /// while another live process holds them.
+    pub fn acquire() -> Result<System, String> {
+        let mut g = held();
+        match g.as_mut() {
+            Some(h) => h.users += 1,
+            None => {
+                let lock = take_lock()?;
+                restore_leftovers();
+                *g =
+                    Some(Held { rec: Record { pid: std::process::id(), ..Default::default() }, _lock: lock, users: 1 });
             }
         }
+        Ok(System { _handle: () })
+    }
+
+    /// Runs `f` on the record, then saves it if `f` says it changed.
+    fn with<T>(&self, f: impl FnOnce(&mut Record) -> (T, bool)) -> T {
+        let mut g = held();
+        let h = g.as_mut().expect("a System handle keeps the record");
+        let (out, changed) = f(&mut h.rec);
+        if changed {
+            save(&h.rec);
+        }
+        out
     }
 
     /// Sets a zswap parameter, remembering the original first.
     pub fn set_zswap(&mut self, name: &str, value: &str) -> Result<(), String> {
         let path = Path::new(ZSWAP).join(name);
-        if !self.rec.zswap.contains_key(name) {
-            let orig = read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            self.rec.zswap.insert(name.to_string(), orig);
-            self.save();
-        }
+        self.with(|rec| {
+            if rec.zswap.contains_key(name) {
+                return (Ok(()), false);
+            }
+            match read(&path) {
+                Ok(orig) => {
+                    rec.zswap.insert(name.to_string(), orig);
+                    (Ok(()), true)
+                }
+                Err(e) => (Err(format!("cannot read {}: {e}", path.display())), false),
+            }
+        })?;
         write(&path, value)
     }
 
     /// Creates a swap file of `size_bytes` in `dir` and swaps on it.
     pub fn swapon_file(&mut self, dir: &Path, size_bytes: u64) -> Result<PathBuf, String> {
         let path = dir.join(format!("{PREFIX}{}.swap", std::process::id()));
-        self.rec.swap_files.push(path.clone());
-        self.save();
+        self.with(|rec| {
+            rec.swap_files.push(path.clone());
+            ((), true)
+        });
         let _ = std::fs::remove_file(&path);
         {
             use std::os::fd::AsRawFd;
@@ -146,64 +209,87 @@ impl System {
         if !Path::new(ZRAM).exists() {
             return Err("no /dev/zram0 (modprobe zram failed)".into());
         }
-        if read(Path::new(ZRAM).join("disksize")).unwrap_or_default() != "0" && self.rec.zram_algorithm.is_none() {
-            return Err("/dev/zram0 is in use by someone else (disksize is not 0)".into());
-        }
-        if self.rec.zram_algorithm.is_none() {
-            self.rec.zram_algorithm = Some(selected(&read(Path::new(ZRAM).join("comp_algorithm")).unwrap_or_default()));
-            self.save();
-        }
+        self.with(|rec| {
+            if rec.zram_algorithm.is_some() {
+                return (Ok(()), false);
+            }
+            if read(Path::new(ZRAM).join("disksize")).unwrap_or_default() != "0" {
+                return (Err("/dev/zram0 is in use by someone else (disksize is not 0)".to_string()), false);
+            }
+            rec.zram_algorithm = Some(selected(&read(Path::new(ZRAM).join("comp_algorithm")).unwrap_or_default()));
+            let dev = PathBuf::from("/dev/zram0");
+            if !rec.swap_devices.contains(&dev) {
+                rec.swap_devices.push(dev);
+            }
+            (Ok(()), true)
+        })?;
         write(Path::new(ZRAM).join("reset"), "1")?;
         write(Path::new(ZRAM).join("comp_algorithm"), "lz4")?;
         write(Path::new(ZRAM).join("disksize"), &size_bytes.to_string())?;
-        let dev = PathBuf::from("/dev/zram0");
-        if !self.rec.swap_devices.contains(&dev) {
-            self.rec.swap_devices.push(dev.clone());
-            self.save();
-        }
         run("mkswap", &["/dev/zram0"])?;
         run("swapon", &["/dev/zram0"])
     }
 
     /// Swaps off and removes every swap area we made (between runs and at the end).
     pub fn swapoff_all(&mut self) {
-        let active = active_swaps();
-        for p in self.rec.swap_files.iter().chain(&self.rec.swap_devices) {
-            if active.contains(p) {
-                let _ = run("swapoff", &[p.to_str().unwrap_or_default()]);
+        self.with(|rec| {
+            let active = active_swaps();
+            for p in rec.swap_files.iter().chain(&rec.swap_devices) {
+                if active.contains(p) {
+                    let _ = run("swapoff", &[p.to_str().unwrap_or_default()]);
+                }
             }
-        }
-        for f in &self.rec.swap_files {
-            let _ = std::fs::remove_file(f);
-        }
-        if self.rec.zram_algorithm.is_some() {
-            let _ = write(Path::new(ZRAM).join("reset"), "1");
-        }
+            for f in &rec.swap_files {
+                let _ = std::fs::remove_file(f);
+            }
+            if rec.zram_algorithm.is_some() {
+                let _ = write(Path::new(ZRAM).join("reset"), "1");
+            }
+            ((), false)
+        })
     }
 
     /// Records a cgroup we created.
     pub fn note_cgroup(&mut self, dir: &Path) {
-        self.rec.cgroups.push(dir.to_path_buf());
-        self.save();
+        self.with(|rec| {
+            rec.cgroups.push(dir.to_path_buf());
+            ((), true)
+        })
     }
 
-    /// Puts everything back. Idempotent.
+    /// Puts everything back. Idempotent; the handles keep the settings for this process.
     pub fn restore(&mut self) {
-        restore_record(&self.rec);
-        self.rec = Record { pid: self.rec.pid, ..Default::default() };
-        let _ = std::fs::remove_file(state_file());
-    }
-}
-
-impl Default for System {
-    fn default() -> Self {
-        System::new()
+        self.with(|rec| {
+            restore_record(rec);
+            *rec = Record { pid: rec.pid, ..Default::default() };
+            let _ = std::fs::remove_file(state_file());
+            ((), false)
+        })
     }
 }
 
 impl Drop for System {
     fn drop(&mut self) {
-        self.restore();
+        let mut g = held();
+        let Some(h) = g.as_mut() else { return };
+        h.users -= 1;
+        if h.users == 0 {
+            // The last handle: put everything back and let the settings go (closing the
+            // directory releases the lock).
+            restore_record(&h.rec);
+            let _ = std::fs::remove_file(state_file());
+            *g = None;
+        }
+    }
+}
+
+fn save(rec: &Record) {
+    let _ = std::fs::create_dir_all(STATE_DIR);
+    if let Ok(text) = serde_json::to_string_pretty(rec) {
+        let tmp = state_file().with_extension("tmp");
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(tmp, state_file());
+        }
     }
 }
 
