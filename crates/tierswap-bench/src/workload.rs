@@ -153,7 +153,7 @@ impl WorkloadKind {
                  (a small --pool-max splits blocks between pool and file)"
             }
             WorkloadKind::Hotset => {
-                "read the first 3/64 of the range in order 8 times beside the cold rest (a hot set; try --size 2G:                  96 MiB hot under a 256 MiB budget)"
+                "read the first 3/64 of the range in order 8 times beside the cold rest (a hot set; try --size 2G: 96 MiB hot under a 256 MiB budget)"
             }
         }
     }

@@ -178,13 +178,12 @@ fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<E
     events.clear();
     let fds = [s.uffd.as_raw_fd(), s.mirror_uffd.as_raw_fd()];
     let mut forks = 0;
-    // Until the gate opens, glibc may hold malloc's locks: nothing here allocates.
-    let mut no_alloc = Some(crate::inject::no_alloc());
     let busy = loop {
         if let Some(b) = crate::forkgate::enter_unless_closed() {
             break b;
         }
-        no_alloc = no_alloc.or_else(|| Some(crate::inject::no_alloc()));
+        // Until the gate opens, glibc may hold malloc's locks: nothing here allocates.
+        let no_alloc = crate::inject::no_alloc();
         let ready = uffd::poll_fds(&fds, 1).unwrap_or(0);
         if ready & 0b10 != 0 {
             serve_mirror_faults(s, mirror_events);
@@ -208,7 +207,7 @@ fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<E
             // The forking thread runs in user space (a fork handler, before or after the
             // fork itself), so malloc is free: handle the events read so far, the fork
             // snapshot included, then serve its fault. Other threads' faults wait.
-            no_alloc = None;
+            drop(no_alloc);
             handle_non_faults(s, events);
             s.fork_hold.fetch_sub(forks as u32, Ordering::SeqCst);
             forks = 0;
@@ -225,7 +224,6 @@ fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<E
             }
         }
     };
-    drop(no_alloc);
     handle_non_faults(s, events);
     s.fork_hold.fetch_sub(forks as u32, Ordering::SeqCst);
     drop(ev_lock);

@@ -1128,7 +1128,7 @@ impl Pager {
                 p.region.id,
                 p.region.page_addr(p.lo),
                 p.region.page_addr(p.hi),
-                if self.shared.is_leaving(&p.region) { " (leaving)" } else { "" }
+                if s.is_leaving(&p.region) { " (leaving)" } else { "" }
             );
         }
         if pieces.is_empty() {

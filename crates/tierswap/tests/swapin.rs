@@ -116,16 +116,21 @@ fn sparse_access_gets_no_large_swapin() {
     assert!(c.swpin_large_veto >= 2 * (n / 16) as u64 - 2);
 }
 
-/// The counters once `done` holds of them, or after 2 s.
-fn settled(p: &Pager, done: impl Fn(&tierswap::stats::CounterSnapshot) -> bool) -> tierswap::stats::CounterSnapshot {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+/// The pager's stats once `done` holds of them, or after `secs` seconds.
+fn stats_when(p: &Pager, secs: u64, done: impl Fn(&tierswap::Stats) -> bool) -> tierswap::Stats {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     loop {
-        let c = p.stats().counters;
-        if done(&c) || std::time::Instant::now() >= deadline {
-            return c;
+        let st = p.stats();
+        if done(&st) || std::time::Instant::now() >= deadline {
+            return st;
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
+}
+
+/// The counters once `done` holds of them, or after 2 s.
+fn settled(p: &Pager, done: impl Fn(&tierswap::stats::CounterSnapshot) -> bool) -> tierswap::stats::CounterSnapshot {
+    stats_when(p, 2, |st| done(&st.counters)).counters
 }
 
 /// Reads the first page of every 64 KiB block of `r` in order (stride64_sparse), checking
@@ -180,11 +185,8 @@ fn prefetched_pages_take_writes_and_come_back_from_the_file() {
         c.pool_max_bytes = Some(1 << 20);
     });
     let mut r = evicted_region(&p, n, Hint::Normal);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while p.stats().file_pages < (n / 2) as u64 && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert!(p.stats().file_pages >= (n / 2) as u64, "most pages on the file: {:?}", p.stats());
+    let st = stats_when(&p, 30, |st| st.file_pages >= (n / 2) as u64);
+    assert!(st.file_pages >= (n / 2) as u64, "most pages on the file: {st:?}");
     let before = p.stats().counters;
     let faults = stride_walk(&p, &r, n, 0);
     let c = settled(&p, |c| c.swap_prefetch - before.swap_prefetch + faults >= (n / 16) as u64);
@@ -242,12 +244,7 @@ fn mixed_ranges_are_served_across_backends() {
         }
     }
     p.evict_all();
-    let wait_for_writeback = || {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while p.stats().pool_total_size > 4 << 20 && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-    };
+    let wait_for_writeback = || stats_when(&p, 30, |st| st.pool_total_size <= 4 << 20);
     wait_for_writeback();
     // The pool pages: rewritten, so they are compressed again, into the pool.
     let mem = r.as_mut_slice();
@@ -561,11 +558,8 @@ fn pages_read_back_from_the_file_twice_go_to_the_pool_with_reread_to_pool() {
             c.reread_to_pool = reread;
         });
         let r = evicted_region(&p, n, Hint::Normal);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while p.stats().file_pages < n as u64 && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        assert_eq!(p.stats().file_pages, n as u64, "{reread}: every page on the file: {:?}", p.stats());
+        let st = stats_when(&p, 30, |st| st.file_pages >= n as u64);
+        assert_eq!(st.file_pages, n as u64, "{reread}: every page on the file: {st:?}");
         // First read back and eviction: clean, to the same file slots, either way.
         let c0 = p.stats().counters;
         read_all_in_order(&r, n);
