@@ -35,7 +35,7 @@ impl Spread {
 
 /// tierswap's counters that show whether its swap-in and reclaim policies acted: the
 /// second table prints their medians per workload and tierswap engine.
-pub const POLICY_COUNTERS: [&str; 9] = [
+pub const POLICY_COUNTERS: [&str; 12] = [
     "swpin_large",
     "swpin_large_pages",
     "swpin_large_fallback",
@@ -45,6 +45,9 @@ pub const POLICY_COUNTERS: [&str; 9] = [
     "swpout_clean",
     "workingset_refault",
     "workingset_activate",
+    "pool_limit_grow",
+    "pool_limit_shrink",
+    "pswpin",
 ];
 
 /// tierswap's counters of the tiers below the pool: the third table prints their medians

@@ -31,7 +31,7 @@ use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]learn-blocks, [no-]direct-reclaim, [no-]read-next-unit, prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]learn-blocks, [no-]direct-reclaim, [no-]read-next-unit, prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
@@ -69,6 +69,9 @@ pub enum Override {
     /// `reread-to-pool` / `no-reread-to-pool`: a clean page read back from its file slot a
     /// second time gives the slot up, so its next eviction stores it in the pool.
     RereadToPool(bool),
+    /// `pool-adapt` / `no-pool-adapt`: the pool limit follows the workload between half and
+    /// five eighths of the budget.
+    PoolAdapt(bool),
     /// `learn-blocks` / `no-learn-blocks`: a lone fault brings its block in whole once
     /// blocks are seen read whole.
     LearnBlocks(bool),
@@ -114,6 +117,7 @@ impl Override {
             Override::BatchRelease(on) => config.batch_release = on,
             Override::BatchStage(on) => config.batch_stage = on,
             Override::RereadToPool(on) => config.reread_to_pool = on,
+            Override::PoolAdapt(on) => config.pool_adapt = on,
             Override::LearnBlocks(on) => config.swapin_learn_blocks = on,
             Override::DirectReclaim(on) => config.direct_reclaim = on,
             Override::ReadNextUnit(on) => config.file_read_next_unit = on,
@@ -184,6 +188,8 @@ impl Override {
             "no-batch-stage" => switch(Override::BatchStage, false),
             "reread-to-pool" => switch(Override::RereadToPool, true),
             "no-reread-to-pool" => switch(Override::RereadToPool, false),
+            "pool-adapt" => switch(Override::PoolAdapt, true),
+            "no-pool-adapt" => switch(Override::PoolAdapt, false),
             "read-next-unit" => switch(Override::ReadNextUnit, true),
             "no-read-next-unit" => switch(Override::ReadNextUnit, false),
             "learn-blocks" => switch(Override::LearnBlocks, true),
@@ -414,6 +420,9 @@ mod tests {
         let reread = parse("tierswap:reread-to-pool").unwrap().pager(&base);
         assert!(reread.reread_to_pool && !base.reread_to_pool);
         assert!(!parse("tierswap:no-reread-to-pool").unwrap().pager(&reread).reread_to_pool);
+        assert!(!parse("tierswap:no-pool-adapt").unwrap().pager(&base).pool_adapt);
+        let fixed = parse("tierswap:no-pool-adapt").unwrap().pager(&base);
+        assert!(parse("tierswap:pool-adapt").unwrap().pager(&fixed).pool_adapt);
         assert!(!parse("tierswap:no-learn-blocks").unwrap().pager(&base).swapin_learn_blocks);
         assert_eq!(parse("tierswap:fault-around-max=64K").unwrap().pager(&base).fault_around_max_pages, 16);
         assert!(parse("tierswap:fault-around-max=3K").is_err());

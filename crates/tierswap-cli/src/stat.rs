@@ -288,9 +288,10 @@ fn table(r: &StatsReply) -> String {
     );
     let _ = writeln!(
         t,
-        "  pool holds {} compressed in {}; {} written back to file; {} incompressible; {} clean re-evictions",
+        "  pool holds {} compressed in {} of {} allowed; {} written back to file; {} incompressible; {} clean re-evictions",
         human(s.pool_stored_bytes),
         human(s.pool_total_size),
+        human(s.pool_limit),
         c.zswpwb,
         c.pool_reject_incompressible,
         c.swpout_clean
@@ -417,6 +418,7 @@ fn gauge_help(name: &str) -> &'static str {
         "swap_samefill_pages" => "Slots holding same-filled pages.",
         "pool_stored_bytes" => "Compressed bytes the pool holds.",
         "pool_total_size" => "Bytes the pool occupies (spans), counted against the budget.",
+        "pool_limit" => "The pool limit in force (it follows the workload unless --pool-max fixed it), bytes.",
         "pool_stored_pages" => "Pages in the compressed pool.",
         "file_pages" => "Pages in the file tier.",
         "file_blocks" => "4 KiB blocks the file tier occupies.",

@@ -292,6 +292,16 @@ pub struct PagerConfig {
     /// Workingset detection: evicted pages keep an eviction time, and a page refaulted
     /// soon after its eviction is activated at once.
     pub workingset: bool,
+    /// The pool's share of the budget follows the workload (`policy/pool_share.rs`): it
+    /// starts at five eighths of the budget, goes down toward `pool_max_bytes()` (half)
+    /// when refaults show the program's pages no longer fit beside it, and back up on reads
+    /// of file records a bigger pool would still hold. Only with the default limit
+    /// (`pool_max_bytes` None), a file tier and no remote; on by default. The lab's sparse
+    /// refaults went 1.73 → 1.13 ÷ kernel-zswap (random64_sparse) and 1.35 → 1.17
+    /// (stride64_sparse), usama_1g 0.67 → 0.61, while a 96 MiB hot set under 256 MiB
+    /// (`hotset`, 2 GiB) refaulted in 0.64 s against 0.47 s at a fixed half (variant
+    /// `[no-]pool-adapt`).
+    pub pool_adapt: bool,
     /// Clean pages: a page swapped in from the pool keeps its slot while it stays
     /// unwritten, so evicting it again costs no compression.
     pub keep_clean: bool,
@@ -309,7 +319,10 @@ pub struct PagerConfig {
     /// Direct reclaim: a fault thread whose fault must wait for room evicts staged blocks
     /// itself, beside the reclaim thread, instead of sleeping (the kernel's direct reclaim).
     /// Compression then runs on the program's CPU too, which otherwise idles while it waits.
-    /// Thread mode only. On by default with the zstd pool, whose compression costs twice
+    /// In signal mode, where a fault waits inside the program's own thread (a signal
+    /// handler is no place to evict from), one reclaim helper per CPU does it instead: a
+    /// waiting fault wakes them, and the one pinned to the waiting thread's CPU runs there.
+    /// On by default with the zstd pool, whose compression costs twice
     /// lz4's: swap-out of 1 GiB of the lab's pages under 256 MiB (pool at 192 MiB) took
     /// 4.3 s with it against 6.0 s without (lab variant `[no-]direct-reclaim`).
     pub direct_reclaim: bool,
@@ -435,6 +448,7 @@ impl Default for PagerConfig {
             batch_stage: true,
             background_idle: false,
             direct_reclaim: DEFAULT_DIRECT_RECLAIM,
+            pool_adapt: true,
             remote: None,
             fault_mode: FaultMode::default(),
         }
@@ -454,12 +468,25 @@ impl PagerConfig {
         }
     }
 
+    /// Whether the pool limit moves (`pool_adapt`, with the default limit, a file tier and
+    /// no remote).
+    pub fn pool_adapts(&self) -> bool {
+        self.pool_adapt && self.pool_max_bytes.is_none() && self.tiers.file && self.remote.is_none()
+    }
+
     /// Whether fault threads reclaim directly: `direct_reclaim`, in thread mode only (as
     /// documented there). In signal mode the program's threads serve their own faults and
     /// the fault thread mostly reads the events a fork, munmap or madvise waits on: its
     /// time goes to those, not to evicting.
     pub fn reclaims_directly(&self) -> bool {
         self.direct_reclaim && self.fault_mode == FaultMode::Thread
+    }
+
+    /// Whether reclaim helpers evict for faults that wait for room: `direct_reclaim` in
+    /// signal mode, where the waiting fault runs in a signal handler of the program's
+    /// thread and cannot evict itself.
+    pub fn reclaims_by_helpers(&self) -> bool {
+        self.direct_reclaim && self.fault_mode == FaultMode::Signal
     }
 
     /// The swap file's directory in force.

@@ -84,7 +84,7 @@ impl std::fmt::Display for ReadFail {
 /// The fault thread's loop.
 pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
     if s.config.fault_pin {
-        pin_fault_thread(index);
+        pin_to_cpu(index, "fault thread");
     }
     let mut scratch = match Scratch::new(s.config.file_unit_bytes, s.config.swapin_max_pages) {
         Ok(b) => b,
@@ -148,16 +148,17 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
     }
 }
 
-/// Pins fault thread `index` to the `index`-th CPU this process may run on (wrapping), so
-/// that a fault on any CPU wakes a fault thread on that CPU (`PagerConfig::fault_pin`). A
-/// failure costs only speed: the thread stays unpinned and says so once.
-fn pin_fault_thread(index: usize) {
+/// Pins the calling thread, fault thread or reclaim helper (`what`) `index`, to the
+/// `index`-th CPU this process may run on (wrapping), so that a fault on any CPU finds one
+/// of each on that CPU (`PagerConfig::fault_pin`). A failure costs only speed: the thread
+/// stays unpinned and says so once.
+pub(crate) fn pin_to_cpu(index: usize, what: &str) {
     let pinned = crate::sys::allowed_cpus().and_then(|cpus| match cpus.get(index % cpus.len().max(1)) {
         Some(&cpu) => crate::sys::pin_thread(cpu),
         None => Err(std::io::Error::from_raw_os_error(libc::ESRCH)),
     });
     if let Err(e) = pinned {
-        eprintln!("tierswap: fault thread {index} stays unpinned: cannot set its CPU affinity: {e}");
+        eprintln!("tierswap: {what} {index} stays unpinned: cannot set its CPU affinity: {e}");
     }
 }
 
@@ -738,7 +739,7 @@ fn swap_in(
 /// ~110 MiB of a 128 MiB limit) kept nothing, and every page refaulted in order was
 /// compressed again when evicted: usemem refaulted 2.2× slower than with lz4.
 fn pool_roomy(s: &Shared) -> bool {
-    s.pool.total_bytes() < s.config.pool_max_bytes()
+    s.pool.total_bytes() < s.pool_limit()
 }
 
 /// Whether a page read from locked entry `e` of `slot` comes in clean, keeping its slot (so
@@ -964,6 +965,7 @@ fn workingset_refault(s: &Shared, slot: u64, new: Pte) -> Pte {
         return new;
     };
     s.counters.workingset_refault.fetch_add(1, Ordering::Relaxed);
+    s.pool_share.note_refault(distance);
     if distance <= s.workingset_pages() {
         s.counters.workingset_activate.fetch_add(1, Ordering::Relaxed);
         new.with_active(true)
@@ -1114,6 +1116,10 @@ fn wait_for_room(s: &Shared, direct: Option<&mut crate::reclaim::DirectReclaim>)
         return;
     }
     s.counters.throttled_faults.fetch_add(1, Ordering::Relaxed);
+    if s.helpers > 0 {
+        // A signal-mode fault: its thread sleeps below, and the helper on its CPU evicts.
+        s.helper_kick.kick_all();
+    }
     if let Some(d) = direct {
         // Evict on this CPU rather than sleep on it; what is left to wait for is staging.
         s.kick_reclaim();
@@ -1127,6 +1133,9 @@ fn wait_for_room(s: &Shared, direct: Option<&mut crate::reclaim::DirectReclaim>)
     let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
     while s.footprint_bytes() > s.budget() && !s.shutdown.load(Ordering::Relaxed) {
         s.kick_reclaim();
+        if s.helpers > 0 {
+            s.helper_kick.kick_all();
+        }
         let now = Instant::now();
         if now >= deadline {
             // Reclaim cannot make room (nothing evictable left, or nowhere to put it):
@@ -1508,6 +1517,9 @@ pub(crate) fn read_entry(
                     ReadFail::Io(err.to_string())
                 }
             })?;
+            if served != Served::Cached && s.pool_share.is_adaptive() {
+                s.pool_share.note_file_read(file.bytes_written_since(off));
+            }
             match served {
                 Served::Cached => s.counters.file_unit_hits.fetch_add(1, Ordering::Relaxed),
                 Served::Read => s.counters.file_unit_reads.fetch_add(1, Ordering::Relaxed),

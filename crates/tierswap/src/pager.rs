@@ -304,6 +304,14 @@ impl Kick {
         }
     }
 
+    /// Kicks every thread waiting on this (the reclaim helpers, one per CPU: the one on the
+    /// CPU a fault waits on should run).
+    pub(crate) fn kick_all(&self) {
+        let mut k = self.flag.lock().unwrap_or_else(|e| e.into_inner());
+        *k = true;
+        self.cv.notify_all();
+    }
+
     /// Waits for a kick or `timeout`, whichever comes first, and clears the flag.
     pub(crate) fn wait(&self, timeout: Duration) {
         let mut k = self.flag.lock().unwrap_or_else(|e| e.into_inner());
@@ -352,6 +360,13 @@ pub(crate) struct Shared {
     pub(crate) inactive: Mutex<VecDeque<(u64, usize)>>,
     /// Reclaim's wake-up: set and notified by whoever wants reclaim to look now.
     pub(crate) kick: Kick,
+    /// The pool limit in force (moved by the writeback thread, `PagerConfig::pool_adapt`).
+    pub(crate) pool_share: crate::policy::pool_share::PoolShare,
+    /// The reclaim helpers' wake-up (signal mode, `PagerConfig::reclaims_by_helpers`),
+    /// kicked by a fault that waits for room.
+    pub(crate) helper_kick: Kick,
+    /// Reclaim helper threads started (0 but in signal mode with direct reclaim).
+    pub(crate) helpers: usize,
     /// Fault threads waiting for the footprint to drop under the budget.
     pub(crate) room: (Mutex<u64>, Condvar),
     pub(crate) shutdown: AtomicBool,
@@ -451,7 +466,8 @@ impl Shared {
     fn fixed_bytes(&self) -> u64 {
         let unit = self.config.file_unit_bytes;
         let copies = self.fault_threads + self.signal_scratch.len() + self.unit_cache.is_some() as usize;
-        let writers = 2 + if self.config.reclaims_directly() { self.fault_threads } else { 0 };
+        let direct = if self.config.reclaims_directly() { self.fault_threads } else { self.helpers };
+        let writers = 2 + direct;
         let file_buf = if self.file.is_some() {
             writers * unit + copies * crate::backend::file::UnitCache::bytes(unit)
         } else {
@@ -467,7 +483,7 @@ impl Shared {
         // a writeback target they are on their way out, and faults should wait for that (a
         // remote store writes back slower than eviction fills the pool).
         let pool = self.pool.total_bytes();
-        let pool = if self.writeback_target_up() { pool.min(self.config.pool_max_bytes()) } else { pool };
+        let pool = if self.writeback_target_up() { pool.min(self.pool_limit()) } else { pool };
         pool + self.fixed_bytes()
     }
 
@@ -493,7 +509,7 @@ impl Shared {
     /// reclaim compress while a batch is out: without it, usama_1g's swap-out took ~30 %
     /// longer than with no backpressure, with it ~12 %.)
     pub(crate) fn pool_backpressure(&self) -> bool {
-        let max = self.config.pool_max_bytes();
+        let max = self.pool_limit();
         self.file.is_none()
             && self.remote.as_ref().is_some_and(|r| r.batch_in_flight())
             && self.pool.total_bytes() > max + max / 4
@@ -501,6 +517,11 @@ impl Shared {
 
     pub(crate) fn budget(&self) -> u64 {
         self.config.budget_bytes
+    }
+
+    /// The pool limit in force (`PagerConfig::pool_max_bytes`, moved by `pool_adapt`).
+    pub(crate) fn pool_limit(&self) -> u64 {
+        self.pool_share.limit()
     }
 
     /// Pages the budget holds: a page refaulted within this many evictions of its own
@@ -953,6 +974,12 @@ impl Pager {
             None => None,
         };
         let n_fault = if config.fault_threads == 0 { sys::online_cpus() } else { config.fault_threads };
+        let n_helpers = if config.reclaims_by_helpers() { n_fault } else { 0 };
+        let pool_share = crate::policy::pool_share::PoolShare::new(
+            config.pool_max_bytes(),
+            config.budget_bytes,
+            config.pool_adapts(),
+        );
         let mut signal_scratch = Vec::new();
         if signal {
             // Two faults in progress per CPU before a third waits for a buffer.
@@ -1000,6 +1027,9 @@ impl Pager {
             metadata_bytes: AtomicU64::new(0),
             inactive: Mutex::new(VecDeque::new()),
             kick: Kick::default(),
+            helper_kick: Kick::default(),
+            pool_share,
+            helpers: n_helpers,
             room: (Mutex::new(0), Condvar::new()),
             shutdown: AtomicBool::new(false),
             reclaim_idle: AtomicBool::new(true),
@@ -1049,6 +1079,15 @@ impl Pager {
                     .name("tierswap-writeback".into())
                     .spawn(move || guarded("the writeback thread", || crate::writeback::writeback_thread(s)))
                     .map_err(io_err("cannot start the writeback thread"))?,
+            );
+        }
+        for i in 0..shared.helpers {
+            let s = shared.clone();
+            handles.push(
+                std::thread::Builder::new()
+                    .name(format!("tierswap-direct{i}"))
+                    .spawn(move || guarded("a reclaim helper", || crate::reclaim::helper_thread(s, i)))
+                    .map_err(io_err("cannot start a reclaim helper"))?,
             );
         }
         let mut threads = Threads { shared: shared.clone(), handles, signal_place: None };
@@ -1301,6 +1340,7 @@ fn stats_of(s: &Shared) -> Stats {
         swap_samefill_pages: s.swap.count(Tag::SameFilled),
         pool_stored_bytes: s.pool.stored_bytes(),
         pool_total_size: s.pool.total_bytes(),
+        pool_limit: s.pool_limit(),
         pool_stored_pages: s.swap.count(Tag::Pool),
         file_pages: s.swap.count(Tag::File),
         file_blocks: s.file.as_ref().map_or(0, |f| f.blocks()),

@@ -268,7 +268,7 @@ impl Reclaim {
     }
 
     fn pool_over_limit(&self) -> bool {
-        (self.s.file.is_some() || self.s.remote.is_some()) && self.s.pool.total_bytes() > self.s.config.pool_max_bytes()
+        (self.s.file.is_some() || self.s.remote.is_some()) && self.s.pool.total_bytes() > self.s.pool_limit()
     }
 
     /// Reclaims until the footprint is under the low watermark, or nothing more can be done.
@@ -976,6 +976,7 @@ impl Reclaim {
                     // Dropped from the mirror with the block's other pages in [`Reclaim::release`].
                     self.pending.push_range(r.mirror_addr(i), PAGE_SIZE);
                     self.pending.pages.push((i, slot));
+                    self.s.swap.restamp(slot);
                     evicted += 1;
                 }
                 None => r.ptes.unlock(i, old, old),
@@ -1223,6 +1224,30 @@ impl DirectReclaim {
             r.notify_room();
         }
         total
+    }
+}
+
+/// A reclaim helper's loop (signal mode, `PagerConfig::reclaims_by_helpers`): helper `index`
+/// is pinned to the CPU fault thread `index` would be, sleeps until a fault waits for room,
+/// then evicts like a fault thread's direct reclaim. The faulting thread waits in its
+/// signal handler, so its CPU is free: the helper pinned there runs at once.
+pub(crate) fn helper_thread(s: Arc<Shared>, index: usize) {
+    if s.config.fault_pin {
+        crate::fault::pin_to_cpu(index, "reclaim helper");
+    }
+    let mut d = match DirectReclaim::new(s.clone()) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("tierswap: reclaim helper {index} stops: cannot map its buffers: {e}");
+            return;
+        }
+    };
+    loop {
+        s.helper_kick.wait(Duration::from_millis(100));
+        if s.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        d.run();
     }
 }
 

@@ -56,6 +56,10 @@ counters! {
     zswpout,
     /// Pool objects written back to the file tier.
     zswpwb,
+    /// Steps up of the pool limit (`PagerConfig::pool_adapt`).
+    pool_limit_grow,
+    /// Steps down of the pool limit.
+    pool_limit_shrink,
     /// Cold pool objects recompressed with the recompression codec and kept in the pool
     /// instead of being written back.
     pool_recompressed,
@@ -244,6 +248,9 @@ pub struct Stats {
     pub pool_stored_bytes: u64,
     /// Bytes the pool occupies (spans, counted against the budget).
     pub pool_total_size: u64,
+    /// The pool limit in force (`PagerConfig::pool_adapt` moves it).
+    #[serde(default)]
+    pub pool_limit: u64,
     /// Pages in the pool.
     pub pool_stored_pages: u64,
     /// Pages in the file tier.

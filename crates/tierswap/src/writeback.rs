@@ -38,6 +38,7 @@ use crate::backend::pool::PoolHandle;
 use crate::fault::fatal;
 use crate::page::PAGE_SIZE;
 use crate::pager::{DrainReport, Shared};
+use crate::policy::pool_share::Change;
 use crate::swap::{SwapEntry, SwapSpace, Tag};
 
 /// Clusters written back per step (up to 1024 objects, ~16 units of 64 KiB).
@@ -100,10 +101,20 @@ pub(crate) fn writeback_thread(s: Arc<Shared>) {
     let mut active = false;
     let mut idle_steps = 0u32;
     let mut last_delete = std::time::Instant::now();
+    let mut last_tick = std::time::Instant::now();
+    let mut hold = 0u32;
     loop {
         w.s.wb_kick.wait(Duration::from_millis(10));
         if w.s.shutdown.load(Ordering::Acquire) {
             return;
+        }
+        if w.s.pool_share.is_adaptive() && last_tick.elapsed() >= Duration::from_millis(10) {
+            last_tick = std::time::Instant::now();
+            match w.s.pool_share.tick(&mut hold) {
+                Change::Grew => w.s.counters.pool_limit_grow.fetch_add(1, Ordering::Relaxed),
+                Change::Shrank => w.s.counters.pool_limit_shrink.fetch_add(1, Ordering::Relaxed),
+                Change::Kept => 0,
+            };
         }
         if let Some(r) = &w.s.remote {
             if r.deletes_due() || (last_delete.elapsed() > Duration::from_secs(1) && !r.is_down()) {
@@ -111,7 +122,7 @@ pub(crate) fn writeback_thread(s: Arc<Shared>) {
                 last_delete = std::time::Instant::now();
             }
         }
-        let max = w.s.config.pool_max_bytes();
+        let max = w.s.pool_limit();
         loop {
             if w.s.shutdown.load(Ordering::Acquire) || w.s.file_off.load(Ordering::Acquire) {
                 break;
@@ -235,7 +246,7 @@ impl Writeback {
         self.failed = false;
         // A remote that cannot keep up (the pool half again over its limit) counts as slow:
         // with a file tier, this step goes there instead.
-        let pool_max = s.config.pool_max_bytes();
+        let pool_max = s.pool_limit();
         let remote_behind = s.file.is_some() && s.pool.total_bytes() > pool_max.saturating_add(pool_max / 2);
         if !remote_behind && s.remote.as_ref().is_some_and(|r| !r.is_down()) {
             if let Some(n) = self.writeback_remote(n_clusters) {

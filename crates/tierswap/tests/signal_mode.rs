@@ -95,6 +95,42 @@ fn every_tier_round_trips_with_faults_served_in_the_faulting_thread() {
     assert!(st.file_pages > 0 || st.counters.pswpin > 0, "the file tier was used: {st:?}");
 }
 
+/// A fault that waits for room in its signal handler cannot evict there: the reclaim
+/// helpers (one per CPU, `PagerConfig::direct_reclaim`) evict for it, counted as direct
+/// reclaim; with direct reclaim off, only the reclaim thread does.
+#[test]
+fn reclaim_helpers_evict_for_faults_waiting_in_the_handler() {
+    for direct in [true, false] {
+        let config = PagerConfig {
+            budget_bytes: 4 << 20,
+            tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
+            fault_threads: 2,
+            fault_mode: FaultMode::Signal,
+            direct_reclaim: direct,
+            ..Default::default()
+        };
+        let p = Pager::new(config).expect("a pager (needs userfaultfd: run as root)");
+        let n = 8192; // 32 MiB through a 4 MiB budget
+        let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+        let mem = r.as_mut_slice();
+        for pg in 0..n {
+            fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 3);
+        }
+        let c = p.stats().counters;
+        assert!(c.throttled_faults > 0, "faults waited for room: {c:?}");
+        if direct {
+            assert!(c.pgsteal_direct > 0, "helpers evicted for them: {c:?}");
+        } else {
+            assert_eq!(c.pgsteal_direct, 0, "no helpers without direct reclaim: {c:?}");
+        }
+        assert!(c.pgsteal >= c.pgsteal_direct);
+        let bad = (0..n).filter(|&pg| !page_matches(&mem[pg * PAGE..(pg + 1) * PAGE], pg, 3)).count();
+        assert_eq!(bad, 0, "every byte came back (direct reclaim {direct})");
+        let st = p.stats();
+        assert!(st.footprint <= (4 << 20) + (4 << 20) / 20, "footprint {} over the budget", st.footprint);
+    }
+}
+
 #[test]
 fn threads_write_and_read_while_reclaim_evicts() {
     let p = pager(4 << 20, "zero,pool,file");

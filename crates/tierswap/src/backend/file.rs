@@ -669,6 +669,14 @@ impl FileTier {
         &self.file
     }
 
+    /// Bytes of unit writes since the unit holding `offset` was written: how much more a
+    /// pool would have had to hold to keep its records out of the file.
+    pub fn bytes_written_since(&self, offset: u64) -> u64 {
+        let u = self.units.lock().unwrap_or_else(|e| e.into_inner());
+        let written = u.generation.get((offset / self.unit_bytes as u64) as usize).copied().unwrap_or(0);
+        u.next_generation.saturating_sub(written + 1) * self.unit_bytes as u64
+    }
+
     /// The generation of `unit`'s last write (0: never written).
     fn generation_of(&self, unit: u64) -> u64 {
         let u = self.units.lock().unwrap_or_else(|e| e.into_inner());

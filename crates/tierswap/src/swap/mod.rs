@@ -265,6 +265,14 @@ impl SwapSpace {
         self.evictions.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// A page evicted again onto the slot it kept (a clean page): it is its cluster's
+    /// newest eviction now. Without this a page churning through its kept slot looked as
+    /// old as its first eviction, and its refaults never counted as working set.
+    pub fn restamp(&self, slot: u64) {
+        let (cid, _) = split(slot);
+        self.header(cid).evict_stamp.store(self.evict_clock(), Ordering::Relaxed);
+    }
+
     fn evict_clock(&self) -> u32 {
         // Never 0, which means "no stamp".
         ((self.evictions.load(Ordering::Relaxed) >> EVICT_CLOCK_SHIFT) as u32).max(1)
@@ -521,6 +529,12 @@ mod tests {
         s.note_evictions(4096);
         let d = s.refault_distance(out[0]).unwrap();
         assert!((4080..=4112).contains(&d), "distance {d}");
+        // Evicted again onto its kept slot: as young as that eviction.
+        s.restamp(out[0]);
+        assert_eq!(s.refault_distance(out[0]), Some(0));
+        s.note_evictions(512);
+        let d = s.refault_distance(out[0]).unwrap();
+        assert!((496..=528).contains(&d), "distance {d}");
         free(&s, out[0]);
     }
 

@@ -1,0 +1,157 @@
+//! The pool's share of the budget following the workload (`PagerConfig::pool_adapt`), end
+//! to end on real userfaultfd: the pool starts at five eighths of the budget and keeps
+//! what a half-budget pool spills to the file; a hot set that does not fit beside it takes
+//! the room back. Every byte that comes back is compared with what was written. (The
+//! limit's decisions themselves are unit-tested in `policy/pool_share.rs`.)
+
+use std::time::{Duration, Instant};
+
+use tierswap::{Compressor, Hint, Pager, PagerConfig, Region, Stats};
+
+const PAGE: usize = 4096;
+const BUDGET: u64 = 16 << 20;
+/// The pool limit a pager starts with: half the budget.
+const BASE: u64 = BUDGET / 2;
+/// Pages of the region: 32 MiB, twice the budget; lz4 packs the counter pages ~2:1, so
+/// about half of what is evicted spills past an 8 MiB pool to the file.
+const N: usize = 8192;
+
+fn pager(adapt: bool) -> Pager {
+    let config = PagerConfig {
+        budget_bytes: BUDGET,
+        tiers: "zero,pool,file".parse().unwrap(),
+        fault_threads: 1,
+        compressor: Compressor::Lz4,
+        pool_adapt: adapt,
+        ..Default::default()
+    };
+    match Pager::new(config) {
+        Ok(p) => p,
+        Err(e) => panic!("cannot start a pager (these tests need userfaultfd: run as root): {e}"),
+    }
+}
+
+/// Word i of page p is p * 512 + i + 7: compressible and unique per page.
+fn fill(r: &mut Region) {
+    for (p, page) in r.as_mut_slice().chunks_exact_mut(PAGE).enumerate() {
+        for (i, w) in page.chunks_exact_mut(8).enumerate() {
+            w.copy_from_slice(&((p as u64) * 512 + i as u64 + 7).to_le_bytes());
+        }
+    }
+}
+
+fn check(r: &Region, p: usize) {
+    let page = &r.as_slice()[p * PAGE..(p + 1) * PAGE];
+    for (i, w) in page.chunks_exact(8).enumerate() {
+        assert_eq!(w, ((p as u64) * 512 + i as u64 + 7).to_le_bytes(), "page {p} word {i}");
+    }
+}
+
+fn stats_when(p: &Pager, secs: u64, done: impl Fn(&Stats) -> bool) -> Stats {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let st = p.stats();
+        if done(&st) || Instant::now() >= deadline {
+            return st;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The whole region evicted, and writeback done with the pool's overflow: about half the
+/// pages are on the file, the newest records last written.
+fn spilled_region(p: &Pager) -> Region {
+    let mut r = p.region(N * PAGE, Hint::Normal).unwrap();
+    fill(&mut r);
+    p.evict_all();
+    let st = stats_when(p, 10, |st| st.pool_total_size <= st.pool_limit && st.file_pages > 0);
+    assert!(st.file_pages as usize > N / 8, "the pool spilled to the file: {st:?}");
+    r
+}
+
+/// Sixteen passes of random64_sparse: pass k reads page k of every 64 KiB block, the
+/// blocks in a shuffled order; every page checked.
+fn sparse_passes(r: &Region) {
+    let blocks = N / 16;
+    let mut order: Vec<usize> = (0..blocks).collect();
+    let mut x = 0x9e37_79b9_u64;
+    for i in (1..blocks).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    for k in 0..16 {
+        for &b in &order {
+            check(r, b * 16 + k);
+        }
+    }
+}
+
+#[test]
+fn a_pool_at_five_eighths_keeps_what_half_the_budget_spills() {
+    // (adaptive, file pages after the spill, pages read back from the file)
+    let mut seen = Vec::new();
+    for adapt in [true, false] {
+        let p = pager(adapt);
+        assert_eq!(p.stats().pool_limit, if adapt { BUDGET / 8 * 5 } else { BASE });
+        let r = spilled_region(&p);
+        let spilled = p.stats().file_pages;
+        let before = p.stats().counters;
+        sparse_passes(&r);
+        let st = p.stats();
+        let c = &st.counters;
+        if !adapt {
+            assert_eq!(
+                (c.pool_limit_grow, c.pool_limit_shrink, st.pool_limit),
+                (0, 0, BASE),
+                "a fixed share never moves"
+            );
+        }
+        seen.push((adapt, spilled, c.pswpin - before.pswpin));
+        // Every page still holds what was written.
+        for pg in 0..N {
+            check(&r, pg);
+        }
+        let st = p.stats();
+        assert!(st.footprint <= BUDGET + BUDGET / 20, "footprint {} over the budget", st.footprint);
+    }
+    let ((_, spilled_adapt, read_adapt), (_, spilled_fixed, read_fixed)) = (seen[0], seen[1]);
+    assert!(spilled_adapt < spilled_fixed, "the bigger pool spilled less: {seen:?}");
+    assert!(read_adapt < read_fixed, "and read fewer pages from the file: {seen:?}");
+}
+
+#[test]
+fn a_hot_set_squeezed_by_the_pool_gets_the_room_back() {
+    let p = pager(true);
+    let r = spilled_region(&p);
+    let top = p.stats().pool_limit;
+    assert_eq!(top, BUDGET / 8 * 5);
+    // A 6.5 MiB hot set: fits beside a pool at half the budget (8 MiB for pages and the
+    // buffers), not beside one at 10 MiB. Read it in order until a pass no longer faults.
+    let hot = (13 << 19) / PAGE;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last_faults = u64::MAX;
+    let mut passes = 0;
+    while Instant::now() < deadline {
+        let before = p.stats().counters.faults_swapped;
+        for pg in 0..hot {
+            check(&r, pg);
+        }
+        passes += 1;
+        last_faults = p.stats().counters.faults_swapped - before;
+        if passes > 1 && last_faults <= (hot / 20) as u64 {
+            break;
+        }
+    }
+    let st = p.stats();
+    assert!(st.counters.pool_limit_shrink > 0, "short refaults shrank the limit: {:?}", st.counters);
+    assert!(st.pool_limit < top && st.pool_limit >= BASE, "limit {} between half and its top {top}", st.pool_limit);
+    assert!(
+        last_faults <= (hot / 20) as u64,
+        "the hot set stays resident once the pool gave way: {last_faults} faults in pass {passes}"
+    );
+    for pg in 0..N {
+        check(&r, pg);
+    }
+}
