@@ -469,13 +469,17 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
     .filter_map(|(no, name)| no.then_some(name))
     .collect();
     let header = format!(
-        "size {} MiB, budget {} MiB, tierswap tiers {}, compressor {}, recompress {}, pool max {} MiB, swap-in {} up to {} KiB, faults served by {}{}",
+        "size {} MiB, budget {} MiB, tierswap tiers {}, compressor {}, recompress {}, pool {}, swap-in {} up to {} KiB, faults served by {}{}",
         size_bytes >> 20,
         budget_bytes >> 20,
         b.tiers,
         b.compressor,
         b.recompress,
-        pager.pool_max_bytes() >> 20,
+        if pager.pool_adapts() {
+            format!("{}-{} MiB (follows the workload)", pager.pool_max_bytes() >> 20, pager.pool_limit_top() >> 20)
+        } else {
+            format!("max {} MiB", pager.pool_max_bytes() >> 20)
+        },
         b.policy.trim().to_ascii_lowercase(),
         swapin_max_pages * 4,
         if fault_mode == tierswap::FaultMode::Signal { "the faulting thread" } else { "fault threads" },
@@ -488,7 +492,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
             config: serde_json::json!({
                 "size_bytes": size_bytes, "budget_bytes": budget_bytes, "runs": b.runs,
                 "engines": engines.iter().map(|e| e.label()).collect::<Vec<_>>(), "tiers": b.tiers, "compressor": b.compressor, "recompress": b.recompress,
-                "pool_max_bytes": pager.pool_max_bytes(), "threads": b.threads,
+                "pool_max_bytes": pager.pool_max_bytes(), "pool_limit_top": pager.pool_limit_top(), "threads": b.threads,
                 "swapin_policy": pager.swapin_policy, "swapin_max_pages": pager.swapin_max_pages,
                 "fault_around": pager.fault_around, "workingset": pager.workingset,
                 "keep_clean": pager.keep_clean, "encrypt": pager.encrypt, "fault_mode": pager.fault_mode,

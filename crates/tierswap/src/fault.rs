@@ -279,6 +279,33 @@ pub(crate) fn serve_in_thread(s: &Shared, addr: usize, access: Option<(bool, boo
     } else if s.fork_hold.load(Ordering::SeqCst) > 0 {
         return true;
     }
+    if pass == 1 && !forker {
+        // (The forking thread skips it: a reader holds the event lock until the fork ends.)
+        s.sync_events();
+    }
+    let found = s.lookup(page_addr);
+    if let Lookup::Region(r, idx) = &found {
+        let idx = *idx;
+        if r.ptes.load(idx).is_poisoned() {
+            // A page that could not be read back carries a poison marker, and touching it
+            // raises SIGBUS too: with BUS_MCEERR_AR where the kernel has
+            // CONFIG_MEMORY_FAILURE, but with BUS_ADRERR, like a userfaultfd fault, where it
+            // has not (this VM's kernel). With the marker in place that SIGBUS is the
+            // program's: pass it on, in every pass (serving it, or mapping a zero page over
+            // it in the last, retried the access forever). A marker missing (it never took)
+            // is armed now and the access retried.
+            let old = r.ptes.lock(idx);
+            if old.state() == PteState::Present && old.is_poisoned() {
+                let there = matches!(
+                    s.guarded(r, || s.uffd.poison(page_addr, PAGE_SIZE, false)),
+                    Err(uffd::Error::PageExist { .. })
+                );
+                r.ptes.unlock(idx, old, old);
+                return !there;
+            }
+            r.ptes.unlock(idx, old, old);
+        }
+    }
     if pass == 2 {
         return match s.uffd.zeropage(page_addr, PAGE_SIZE, true) {
             Ok(_) => {
@@ -290,11 +317,7 @@ pub(crate) fn serve_in_thread(s: &Shared, addr: usize, access: Option<(bool, boo
             Err(_) => false,
         };
     }
-    if pass == 1 && !forker {
-        // (The forking thread skips it: a reader holds the event lock until the fork ends.)
-        s.sync_events();
-    }
-    let Lookup::Region(r, idx) = s.lookup(page_addr) else { return false };
+    let Lookup::Region(r, idx) = found else { return false };
     let (write, protection) = access.unwrap_or_else(|| {
         // No error code: a present page in our table means a write-protect fault.
         let pte = r.ptes.load(idx);

@@ -977,8 +977,8 @@ impl Pager {
         let n_helpers = if config.reclaims_by_helpers() { n_fault } else { 0 };
         let pool_share = crate::policy::pool_share::PoolShare::new(
             config.pool_max_bytes(),
+            config.pool_limit_top(),
             config.budget_bytes,
-            config.pool_adapts(),
         );
         let mut signal_scratch = Vec::new();
         if signal {

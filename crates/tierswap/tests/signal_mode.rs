@@ -316,6 +316,68 @@ fn a_sigbus_that_is_not_a_pagers_reaches_the_programs_handler() {
     assert!(!stdout.contains("read past the end"), "{stdout}");
 }
 
+/// The child of the test below: its own SIGBUS handler first, then a signal-mode pager
+/// with its pages on the file, one record corrupted behind its back; every other page
+/// reads back, then the corrupted one is touched. An alarm ends it if that never returns.
+fn poisoned_child() {
+    // SAFETY: alarm has no preconditions; SIGALRM's default action ends the process.
+    unsafe { libc::alarm(20) };
+    // SAFETY: a zeroed sigaction with a SA_SIGINFO handler of the right type.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = program_handler as extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
+    }
+    let p = pager(8 << 20, "zero,file");
+    let n = 64;
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    for pg in 0..n {
+        fill_page(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 9);
+    }
+    p.evict_all();
+    let (_, off, len) = r.file_record(3).expect("page 3 is on the file");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(p.swap_file().expect("a file tier"));
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/self/fd/{fd}")).unwrap();
+    let pos = off + 16 + len as u64 / 2;
+    let mut b = [0u8; 1];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, pos).unwrap();
+    b[0] ^= 0x10;
+    std::os::unix::fs::FileExt::write_all_at(&f, &b, pos).unwrap();
+    let mem = r.as_slice();
+    let good = (0..n).filter(|&pg| pg != 3 && page_matches(&mem[pg * PAGE..(pg + 1) * PAGE], pg, 9)).count();
+    println!("good pages {good}");
+    std::io::stdout().flush().unwrap();
+    // SAFETY: reading a word of our own region.
+    let v = unsafe { std::ptr::read_volatile(mem.as_ptr().add(3 * PAGE + 8)) };
+    println!("read corrupted page: {v}");
+    std::process::exit(0);
+}
+
+/// A page that cannot be read back is poisoned, and the SIGBUS its touch raises is the
+/// program's. Where the kernel reports a poison marker with BUS_ADRERR, as it does a
+/// userfaultfd fault (no CONFIG_MEMORY_FAILURE, this VM's kernel), the handler took it
+/// for a fault and retried the access forever.
+#[test]
+fn a_page_that_cannot_be_read_back_gives_the_program_its_sigbus() {
+    if std::env::var("TIERSWAP_POISON_CHILD").is_ok() {
+        return poisoned_child();
+    }
+    let (out, stdout, stderr) =
+        run_alone("a_page_that_cannot_be_read_back_gives_the_program_its_sigbus", "TIERSWAP_POISON_CHILD");
+    assert_eq!(
+        out.status.code(),
+        Some(42),
+        "the program's handler ran (signal {:?}: SIGALRM means the touch never returned)\n{stdout}\n{stderr}",
+        out.status.signal()
+    );
+    assert!(stdout.contains("good pages 63"), "every other page read back: {stdout}\n{stderr}");
+    assert!(stdout.contains("program handler: si_code"), "{stdout}");
+    assert!(!stdout.contains("read corrupted page"), "no data came back: {stdout}");
+    assert!(stderr.contains("cannot be read back") && stderr.contains("SIGBUS"), "the log names it: {stderr}");
+}
+
 /// Signal mode does not serve a forked child (its userfaultfd has no fault thread and the
 /// parent's pager must not install pages for it): the child reads what was present at the
 /// fork, and a touch of a swapped-out page ends it with SIGBUS, never with wrong bytes and

@@ -25,10 +25,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::page::PAGE_SIZE;
 
-/// Where the limit starts and tops out, in eighths of the budget. At 6/8 the lab's sparse
-/// refaults were as fast (1.18 and 1.15 ÷ kernel-zswap against 1.13 and 1.17), but a 96 MiB
-/// hot set under 256 MiB refaulted 2.3× slower than at half, against 1.4× at 5/8.
-const TOP_EIGHTHS: u64 = 5;
 /// Near misses in one tick (≥ 10 ms) that grow the limit.
 const GROW_NEAR_MISSES: u64 = 8;
 /// Refaults (faults, each maybe a 64 KiB swap-in) weighed at once: fewer say nothing yet,
@@ -64,12 +60,12 @@ pub struct PoolShare {
 }
 
 impl PoolShare {
-    /// A share of `budget` that stays at `base` bytes, or when `adaptive` starts at five
-    /// eighths of it and moves between that and `base`.
-    pub fn new(base: u64, budget: u64, adaptive: bool) -> PoolShare {
-        let max = if adaptive { (budget / 8 * TOP_EIGHTHS).max(base) } else { base };
+    /// A share of `budget` that starts at `max` bytes and moves between that and `base`
+    /// (`PagerConfig::pool_limit_top`); fixed at `base` when `max` is no more.
+    pub fn new(base: u64, max: u64, budget: u64) -> PoolShare {
+        let max = max.max(base);
         PoolShare {
-            adaptive: adaptive && max > base,
+            adaptive: max > base,
             base,
             max,
             step: (budget / 32).max(PAGE_SIZE as u64),
@@ -151,7 +147,7 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn share() -> PoolShare {
-        PoolShare::new(128 * MIB, 256 * MIB, true)
+        PoolShare::new(128 * MIB, 160 * MIB, 256 * MIB)
     }
 
     /// `n` refaults, `short` of them within the pages the pool took.
@@ -245,7 +241,7 @@ mod tests {
 
     #[test]
     fn a_fixed_share_never_moves() {
-        let p = PoolShare::new(128 * MIB, 256 * MIB, false);
+        let p = PoolShare::new(128 * MIB, 128 * MIB, 256 * MIB);
         let mut hold = 0;
         refaults(&p, MIN_REFAULTS, MIN_REFAULTS);
         (0..GROW_NEAR_MISSES * 2).for_each(|_| p.note_file_read(0));
