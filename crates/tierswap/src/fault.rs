@@ -627,12 +627,17 @@ fn swap_in(
         let kind = match read_entry(s, slot, e, buf, unit, &mut scratch.compressed, &scratch.remote) {
             Ok(true) => Kind::Data,
             Ok(false) => Kind::Zero,
-            Err(fail) if j == idx => {
+            Err(fail) if j == idx && !s.is_leaving(r) => {
                 poison(s, r, r.page_addr(idx), slot, &fail);
                 Kind::Failed
             }
             Err(_) => {
-                // Left swapped: its own fault reports it.
+                // Left swapped: its own fault reports it. So is the faulting page while an
+                // event read but not handled concerns its region: a REMOVE in hand discards
+                // the page (poisoning it would log a loss of memory the program dropped, and
+                // its retried access reads zeros), a REMAP moves it, swapped, and the access
+                // at its new place reports it. A fault served in its own thread meets this
+                // (it does not queue behind the events as a fault thread's message does).
                 s.swap.unlock(slot, e, e);
                 r.ptes.unlock(j, pte, pte);
                 *planned = Planned::SKIP;
