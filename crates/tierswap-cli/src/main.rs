@@ -101,7 +101,8 @@ struct Bench {
     /// zstd, zstd:LEVEL, lz4, or none (the default) to write cold objects back as they are.
     #[arg(long, default_value = "none")]
     recompress: String,
-    /// tierswap's pool limit: bytes (e.g. 64M) or a percentage of the budget (e.g. 25%).
+    /// tierswap's pool limit, fixed: bytes (e.g. 64M) or a percentage of the budget (e.g. 25%).
+    /// Without it the limit follows the workload, from 5/8 of the budget down to 1/2.
     #[arg(long)]
     pool_max: Option<String>,
     /// Directory of tierswap's swap file (default $TMPDIR) and the kernel engines' swap files.

@@ -72,7 +72,9 @@ pub struct RunArgs {
     /// Tiers, comma-separated from zero, pool, file.
     #[arg(long, default_value = "zero,pool,file")]
     tiers: String,
-    /// The pool's limit before writeback to the file: bytes (64M) or a percentage of the budget (25%).
+    /// The pool's limit before writeback to the file, fixed: bytes (64M) or a percentage of the
+    /// budget (25%). Without it the limit follows the workload, from 5/8 of the budget down to
+    /// 1/2 when the program's pages need the room.
     #[arg(long)]
     pool_max: Option<String>,
     /// The pool's compressor: zstd-fast (the default: dense, so more of the program stays

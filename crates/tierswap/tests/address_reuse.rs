@@ -557,15 +557,16 @@ fn kernel_read(addr: usize) -> Result<u64, i32> {
     res
 }
 
-/// A page whose swap slot could not be read is poisoned: SIGBUS on every touch (EFAULT for
-/// the kernel's) until the program discards it. If the program moves the mapping (mremap)
-/// while the read is failing, the kernel refuses the poison marker (the range is changing)
-/// and only the pager's pte says poisoned, so the REMAP handler must carry that over: the
-/// next access at the new address faults, and the fault puts the marker there. The handler
-/// used to make the pte plain present, and that fault then mapped a zero page: the
-/// unreadable page read as zeros (the 10-minute injection stress, once in 1.8 M operations).
+/// A page whose read fails while the program moves its mapping (mremap, the REMAP read but
+/// not handled) is not poisoned: it stays swapped, moves with the mapping, and the next
+/// access at its new address reads it again; here the error was transient (one injected
+/// EIO), so the page reads back whole there, and again after eviction. (Until stop 27 such a
+/// page was poisoned, and the REMAP handler had to carry the poison over: it once made the
+/// pte plain present, and the unreadable page read as zeros — the 10-minute injection
+/// stress, once in 1.8 M operations. That carry-over still serves a poisoning whose marker
+/// the kernel refused for an event not read yet; only the stresses reach it now.)
 #[test]
-fn a_page_that_fails_its_read_while_its_mapping_moves_stays_poisoned() {
+fn a_page_that_fails_its_read_while_its_mapping_moves_is_read_again_where_it_went() {
     let _g = serial();
     let p = file_pager();
     let old = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
@@ -588,9 +589,10 @@ fn a_page_that_fails_its_read_while_its_mapping_moves_stays_poisoned() {
     sync_events(&p);
     assert!(p.stats().counters.read_errors >= 1, "{:?}", p.stats());
 
-    assert_eq!(kernel_read(to + 5 * PAGE), Err(libc::EFAULT), "the page stays unreadable where it moved");
+    let want = 3 + 5 * 512;
+    assert_eq!(kernel_read(to + 5 * PAGE), Ok(want), "the page is read again where it moved, whole");
     // Staged and evicted again, its neighbours discarded and touched in order (which maps
-    // zeros over the pages after them that hold nothing): still unreadable.
+    // zeros over the pages after them that hold nothing): still whole.
     p.evict_all();
     // SAFETY: two pages of the test's moved mapping.
     assert_eq!(unsafe { libc::madvise((to + 3 * PAGE) as *mut libc::c_void, 2 * PAGE, libc::MADV_DONTNEED) }, 0);
@@ -600,8 +602,8 @@ fn a_page_that_fails_its_read_while_its_mapping_moves_stays_poisoned() {
             assert_eq!(word(to, pg, i), 0, "discarded page {pg} reads as zeros (word {i})");
         }
     }
-    assert_eq!(kernel_read(to + 5 * PAGE), Err(libc::EFAULT), "the page stays unreadable after eviction");
-    for pg in (0..PAGES).filter(|pg| !(3..=5).contains(pg)) {
+    assert_eq!(kernel_read(to + 5 * PAGE), Ok(want), "the page reads back whole after eviction");
+    for pg in (0..PAGES).filter(|pg| !(3..=4).contains(pg)) {
         for i in 0..PAGE / 8 {
             assert_eq!(word(to, pg, i), 3 + (pg * 512 + i) as u64, "page {pg} word {i}");
         }

@@ -259,9 +259,8 @@ extern "C" fn program_handler(_sig: i32, info: *mut libc::siginfo_t, _ctx: *mut 
     }
 }
 
-/// The child of the test below: its own SIGBUS handler first, then a signal-mode pager
-/// whose memory works, then a SIGBUS of its own (a file mapping past the file's end).
-fn chaining_child() {
+/// Installs [`program_handler`] for SIGBUS, as a program would before its pager.
+fn install_program_handler() {
     // SAFETY: a zeroed sigaction with a SA_SIGINFO handler of the right type.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
@@ -270,6 +269,12 @@ fn chaining_child() {
         libc::sigemptyset(&mut sa.sa_mask);
         assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
     }
+}
+
+/// The child of the test below: its own SIGBUS handler first, then a signal-mode pager
+/// whose memory works, then a SIGBUS of its own (a file mapping past the file's end).
+fn chaining_child() {
+    install_program_handler();
     let p = pager(8 << 20, "zero,pool");
     let n = 256;
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
@@ -322,14 +327,7 @@ fn a_sigbus_that_is_not_a_pagers_reaches_the_programs_handler() {
 fn poisoned_child() {
     // SAFETY: alarm has no preconditions; SIGALRM's default action ends the process.
     unsafe { libc::alarm(20) };
-    // SAFETY: a zeroed sigaction with a SA_SIGINFO handler of the right type.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = program_handler as extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) as usize;
-        sa.sa_flags = libc::SA_SIGINFO;
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()), 0);
-    }
+    install_program_handler();
     let p = pager(8 << 20, "zero,file");
     let n = 64;
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
