@@ -102,7 +102,6 @@ pub(crate) fn writeback_thread(s: Arc<Shared>) {
     let mut idle_steps = 0u32;
     let mut last_delete = std::time::Instant::now();
     let mut last_tick = std::time::Instant::now();
-    let mut hold = 0u32;
     loop {
         w.s.wb_kick.wait(Duration::from_millis(10));
         if w.s.shutdown.load(Ordering::Acquire) {
@@ -110,7 +109,7 @@ pub(crate) fn writeback_thread(s: Arc<Shared>) {
         }
         if w.s.pool_share.is_adaptive() && last_tick.elapsed() >= Duration::from_millis(10) {
             last_tick = std::time::Instant::now();
-            match w.s.pool_share.tick(&mut hold) {
+            match w.s.pool_share.tick(w.s.counters.workingset_refault.load(Ordering::Relaxed)) {
                 Change::Grew => w.s.counters.pool_limit_grow.fetch_add(1, Ordering::Relaxed),
                 Change::Shrank => w.s.counters.pool_limit_shrink.fetch_add(1, Ordering::Relaxed),
                 Change::Kept => 0,

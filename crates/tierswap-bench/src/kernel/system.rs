@@ -232,21 +232,7 @@ impl System {
 
     /// Swaps off and removes every swap area we made (between runs and at the end).
     pub fn swapoff_all(&mut self) {
-        self.with(|rec| {
-            let active = active_swaps();
-            for p in rec.swap_files.iter().chain(&rec.swap_devices) {
-                if active.contains(p) {
-                    let _ = run("swapoff", &[p.to_str().unwrap_or_default()]);
-                }
-            }
-            for f in &rec.swap_files {
-                let _ = std::fs::remove_file(f);
-            }
-            if rec.zram_algorithm.is_some() {
-                let _ = write(Path::new(ZRAM).join("reset"), "1");
-            }
-            ((), false)
-        })
+        self.with(|rec| (remove_swap_areas(rec), false))
     }
 
     /// Records a cgroup we created.
@@ -312,7 +298,8 @@ pub fn remove_cgroup(dir: &Path) {
     }
 }
 
-fn restore_record(rec: &Record) {
+/// Swaps off the swap areas `rec` made, removes its swap files and resets zram if it used it.
+fn remove_swap_areas(rec: &Record) {
     let active = active_swaps();
     for p in rec.swap_files.iter().chain(&rec.swap_devices) {
         if active.contains(p) {
@@ -322,8 +309,14 @@ fn restore_record(rec: &Record) {
     for f in &rec.swap_files {
         let _ = std::fs::remove_file(f);
     }
-    if let Some(alg) = &rec.zram_algorithm {
+    if rec.zram_algorithm.is_some() {
         let _ = write(Path::new(ZRAM).join("reset"), "1");
+    }
+}
+
+fn restore_record(rec: &Record) {
+    remove_swap_areas(rec);
+    if let Some(alg) = &rec.zram_algorithm {
         let _ = write(Path::new(ZRAM).join("comp_algorithm"), alg);
     }
     for (name, value) in &rec.zswap {

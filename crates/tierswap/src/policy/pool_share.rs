@@ -21,7 +21,7 @@
 //!   not short, raise the limit a step. Reads of records written long ago (a hot set
 //!   swapped out before a long cold fill) are not near misses.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use crate::page::PAGE_SIZE;
 
@@ -45,7 +45,8 @@ pub enum Change {
 }
 
 /// The pool limit in force and the evidence since the last tick. Lock-free: the fault
-/// paths note evidence, the writeback thread ticks.
+/// paths note evidence, the writeback thread ticks. Refaults themselves are not counted
+/// here: [`PoolShare::tick`] takes the pager's `workingset_refault` count.
 #[derive(Debug)]
 pub struct PoolShare {
     /// Whether the limit moves at all (else it stays at `base`).
@@ -55,8 +56,11 @@ pub struct PoolShare {
     step: u64,
     limit: AtomicU64,
     near_misses: AtomicU64,
-    refaults: AtomicU64,
     short_refaults: AtomicU64,
+    /// The refault count up to which the refaults have been weighed (tick only).
+    weighed: AtomicU64,
+    /// Ticks left without growth (tick only).
+    hold: AtomicU32,
 }
 
 impl PoolShare {
@@ -71,8 +75,9 @@ impl PoolShare {
             step: (budget / 32).max(PAGE_SIZE as u64),
             limit: AtomicU64::new(max),
             near_misses: AtomicU64::new(0),
-            refaults: AtomicU64::new(0),
             short_refaults: AtomicU64::new(0),
+            weighed: AtomicU64::new(0),
+            hold: AtomicU32::new(0),
         }
     }
 
@@ -98,41 +103,43 @@ impl PoolShare {
         }
     }
 
-    /// A page refaulted `distance` evictions after its own.
+    /// A page refaulted `distance` evictions after its own (counted in `workingset_refault`
+    /// too): only a short one is noted.
     pub fn note_refault(&self, distance: u64) {
         if !self.adaptive {
             return;
         }
-        self.refaults.fetch_add(1, Relaxed);
         let taken_pages = (self.limit() - self.base) / PAGE_SIZE as u64;
         if distance < taken_pages {
             self.short_refaults.fetch_add(1, Relaxed);
         }
     }
 
-    /// Weighs the evidence since the last tick and moves the limit by a step at most.
-    /// `hold` is the caller's count of ticks left without growth.
-    pub fn tick(&self, hold: &mut u32) -> Change {
+    /// Weighs the evidence since the last tick and moves the limit by a step or two at most;
+    /// `refaults` is the pager's refault count so far (`workingset_refault`).
+    pub fn tick(&self, refaults: u64) -> Change {
         if !self.adaptive {
             return Change::Kept;
         }
-        *hold = hold.saturating_sub(1);
+        let hold = self.hold.load(Relaxed).saturating_sub(1);
+        self.hold.store(hold, Relaxed);
         let near = self.near_misses.swap(0, Relaxed);
         let limit = self.limit();
         let mut quiet = true;
-        if self.refaults.load(Relaxed) >= MIN_REFAULTS {
-            let refaults = self.refaults.swap(0, Relaxed);
+        let new = refaults.saturating_sub(self.weighed.load(Relaxed));
+        if new >= MIN_REFAULTS {
+            self.weighed.store(refaults, Relaxed);
             let short = self.short_refaults.swap(0, Relaxed);
-            if limit > self.base && short * 2 >= refaults {
+            if limit > self.base && short * 2 >= new {
                 // Nearly all short: the working set is well past what is left, so two steps.
-                let by = if short * 4 >= refaults * 3 { 2 * self.step } else { self.step };
+                let by = if short * 4 >= new * 3 { 2 * self.step } else { self.step };
                 self.limit.store(limit.saturating_sub(by).max(self.base), Relaxed);
-                *hold = HOLD_TICKS;
+                self.hold.store(HOLD_TICKS, Relaxed);
                 return Change::Shrank;
             }
-            quiet = short * 4 < refaults;
+            quiet = short * 4 < new;
         }
-        if near >= GROW_NEAR_MISSES && quiet && *hold == 0 && limit < self.max {
+        if near >= GROW_NEAR_MISSES && quiet && hold == 0 && limit < self.max {
             self.limit.store((limit + self.step).min(self.max), Relaxed);
             return Change::Grew;
         }
@@ -146,107 +153,124 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    fn share() -> PoolShare {
-        PoolShare::new(128 * MIB, 160 * MIB, 256 * MIB)
+    /// A share and the pager's refault count feeding it.
+    struct Sim {
+        p: PoolShare,
+        refaults: u64,
     }
 
-    /// `n` refaults, `short` of them within the pages the pool took.
-    fn refaults(p: &PoolShare, n: u64, short: u64) {
-        let taken = (p.limit() - p.base) / PAGE_SIZE as u64;
-        for k in 0..n {
-            p.note_refault(if k < short { taken - 1 } else { taken + 1_000_000 });
+    impl Sim {
+        fn new(max: u64) -> Sim {
+            Sim { p: PoolShare::new(128 * MIB, max, 256 * MIB), refaults: 0 }
         }
+
+        /// `n` refaults, `short` of them within the pages the pool took.
+        fn refaults(&mut self, n: u64, short: u64) {
+            let taken = (self.p.limit() - self.p.base) / PAGE_SIZE as u64;
+            for k in 0..n {
+                self.p.note_refault(if k < short { taken - 1 } else { taken + 1_000_000 });
+            }
+            self.refaults += n;
+        }
+
+        fn near(&self, n: u64) {
+            (0..n).for_each(|_| self.p.note_file_read(MIB));
+        }
+
+        fn tick(&self) -> Change {
+            self.p.tick(self.refaults)
+        }
+    }
+
+    fn share() -> Sim {
+        Sim::new(160 * MIB)
     }
 
     #[test]
     fn starts_at_five_eighths_and_short_refaults_bring_it_down_to_half() {
-        let p = share();
-        let mut hold = 0;
-        assert_eq!(p.limit(), 160 * MIB);
-        refaults(&p, MIN_REFAULTS, MIN_REFAULTS / 2);
-        assert_eq!(p.tick(&mut hold), Change::Shrank);
-        assert_eq!((p.limit(), hold), (152 * MIB, HOLD_TICKS), "half short: one step");
-        refaults(&p, MIN_REFAULTS, MIN_REFAULTS / 4 * 3);
-        assert_eq!(p.tick(&mut hold), Change::Shrank);
-        assert_eq!(p.limit(), 136 * MIB, "three quarters short: two steps");
+        let mut s = share();
+        assert_eq!(s.p.limit(), 160 * MIB);
+        s.refaults(MIN_REFAULTS, MIN_REFAULTS / 2);
+        assert_eq!(s.tick(), Change::Shrank);
+        assert_eq!((s.p.limit(), s.p.hold.load(Relaxed)), (152 * MIB, HOLD_TICKS), "half short: one step");
+        s.refaults(MIN_REFAULTS, MIN_REFAULTS / 4 * 3);
+        assert_eq!(s.tick(), Change::Shrank);
+        assert_eq!(s.p.limit(), 136 * MIB, "three quarters short: two steps");
         for _ in 0..20 {
-            refaults(&p, MIN_REFAULTS, MIN_REFAULTS);
-            p.tick(&mut hold);
+            s.refaults(MIN_REFAULTS, MIN_REFAULTS);
+            s.tick();
         }
-        assert_eq!(p.limit(), 128 * MIB, "never under half");
+        assert_eq!(s.p.limit(), 128 * MIB, "never under half");
         // At half, no refault is short: nothing more to weigh.
-        refaults(&p, MIN_REFAULTS, 0);
-        assert_eq!(p.short_refaults.load(Relaxed), 0);
-        assert_eq!(p.tick(&mut hold), Change::Kept);
+        s.refaults(MIN_REFAULTS, 0);
+        assert_eq!(s.p.short_refaults.load(Relaxed), 0);
+        assert_eq!(s.tick(), Change::Kept);
     }
 
     #[test]
     fn too_few_refaults_wait_for_more_and_a_minority_of_short_ones_keeps_the_limit() {
-        let p = share();
-        let mut hold = 0;
-        refaults(&p, MIN_REFAULTS - 1, MIN_REFAULTS - 1);
-        assert_eq!(p.tick(&mut hold), Change::Kept, "not enough to weigh yet");
-        refaults(&p, 1, 1);
-        assert_eq!(p.tick(&mut hold), Change::Shrank, "the evidence was kept");
-        let limit = p.limit();
+        let mut s = share();
+        s.refaults(MIN_REFAULTS - 1, MIN_REFAULTS - 1);
+        assert_eq!(s.tick(), Change::Kept, "not enough to weigh yet");
+        s.refaults(1, 1);
+        assert_eq!(s.tick(), Change::Shrank, "the evidence was kept");
+        let limit = s.p.limit();
         // A single-pass random read: some refaults are recent by chance.
-        refaults(&p, 4 * MIN_REFAULTS, MIN_REFAULTS);
-        assert_eq!(p.tick(&mut hold), Change::Kept);
-        assert_eq!(p.limit(), limit);
+        s.refaults(4 * MIN_REFAULTS, MIN_REFAULTS);
+        assert_eq!(s.tick(), Change::Kept);
+        assert_eq!(s.p.limit(), limit);
     }
 
     #[test]
     fn near_misses_grow_it_back_after_the_hold_but_not_past_five_eighths() {
-        let p = share();
-        let mut hold = 0;
-        refaults(&p, MIN_REFAULTS, MIN_REFAULTS / 2);
-        p.tick(&mut hold);
-        refaults(&p, MIN_REFAULTS, MIN_REFAULTS);
-        p.tick(&mut hold);
-        assert_eq!(p.limit(), 136 * MIB);
-        let near = |p: &PoolShare, n: u64| (0..n).for_each(|_| p.note_file_read(MIB));
-        near(&p, GROW_NEAR_MISSES);
-        assert_eq!(p.tick(&mut hold), Change::Kept, "held after a shrink");
-        while hold > 0 {
-            p.tick(&mut hold);
+        let mut s = share();
+        s.refaults(MIN_REFAULTS, MIN_REFAULTS / 2);
+        s.tick();
+        s.refaults(MIN_REFAULTS, MIN_REFAULTS);
+        s.tick();
+        assert_eq!(s.p.limit(), 136 * MIB);
+        s.near(GROW_NEAR_MISSES);
+        assert_eq!(s.tick(), Change::Kept, "held after a shrink");
+        while s.p.hold.load(Relaxed) > 0 {
+            s.tick();
         }
-        near(&p, GROW_NEAR_MISSES - 1);
-        assert_eq!(p.tick(&mut hold), Change::Kept, "too few near misses");
+        s.near(GROW_NEAR_MISSES - 1);
+        assert_eq!(s.tick(), Change::Kept, "too few near misses");
         // Records written more bytes ago than the limit can still grow by are no near miss.
-        (0..GROW_NEAR_MISSES).for_each(|_| p.note_file_read(25 * MIB));
-        assert_eq!(p.tick(&mut hold), Change::Kept);
-        near(&p, GROW_NEAR_MISSES);
-        assert_eq!(p.tick(&mut hold), Change::Grew);
-        assert_eq!(p.limit(), 144 * MIB, "one step");
+        (0..GROW_NEAR_MISSES).for_each(|_| s.p.note_file_read(25 * MIB));
+        assert_eq!(s.tick(), Change::Kept);
+        s.near(GROW_NEAR_MISSES);
+        assert_eq!(s.tick(), Change::Grew);
+        assert_eq!(s.p.limit(), 144 * MIB, "one step");
         for _ in 0..10 {
-            near(&p, GROW_NEAR_MISSES);
-            p.tick(&mut hold);
+            s.near(GROW_NEAR_MISSES);
+            s.tick();
         }
-        assert_eq!(p.limit(), 160 * MIB);
-        near(&p, 1);
-        assert_eq!(p.near_misses.load(Relaxed), 0, "at the top nothing is a near miss");
+        assert_eq!(s.p.limit(), 160 * MIB);
+        s.near(1);
+        assert_eq!(s.p.near_misses.load(Relaxed), 0, "at the top nothing is a near miss");
     }
 
     #[test]
     fn near_misses_among_many_short_refaults_do_not_grow() {
-        let p = share();
-        let mut hold = 0;
-        refaults(&p, MIN_REFAULTS, MIN_REFAULTS);
-        p.tick(&mut hold);
-        hold = 0;
-        (0..GROW_NEAR_MISSES).for_each(|_| p.note_file_read(0));
-        refaults(&p, 4 * MIN_REFAULTS, MIN_REFAULTS + 1);
-        assert_eq!(p.tick(&mut hold), Change::Kept);
+        let mut s = share();
+        s.refaults(MIN_REFAULTS, MIN_REFAULTS);
+        s.tick();
+        while s.p.hold.load(Relaxed) > 0 {
+            s.tick();
+        }
+        s.near(GROW_NEAR_MISSES);
+        s.refaults(4 * MIN_REFAULTS, MIN_REFAULTS + 1);
+        assert_eq!(s.tick(), Change::Kept);
     }
 
     #[test]
     fn a_fixed_share_never_moves() {
-        let p = PoolShare::new(128 * MIB, 128 * MIB, 256 * MIB);
-        let mut hold = 0;
-        refaults(&p, MIN_REFAULTS, MIN_REFAULTS);
-        (0..GROW_NEAR_MISSES * 2).for_each(|_| p.note_file_read(0));
-        assert_eq!(p.tick(&mut hold), Change::Kept);
-        assert_eq!(p.limit(), 128 * MIB);
-        assert!(!p.is_adaptive());
+        let mut s = Sim::new(128 * MIB);
+        s.refaults(MIN_REFAULTS, MIN_REFAULTS);
+        s.near(GROW_NEAR_MISSES * 2);
+        assert_eq!(s.tick(), Change::Kept);
+        assert_eq!(s.p.limit(), 128 * MIB);
+        assert!(!s.p.is_adaptive());
     }
 }
