@@ -389,33 +389,46 @@ fn drain_empties_the_file_while_threads_read_and_write() {
     p.resume(tierswap::Tier::File);
 }
 
-#[test]
-fn larger_file_units_mean_larger_writes() {
+/// Average bytes per file write when pool writeback alone moves `n` pages of counter data
+/// from the pool to a file of `unit` units. The pool holds them all, so reclaim never
+/// spills a block to the file itself: every write counted is a writeback write.
+fn writeback_write_size(unit: usize, n: usize) -> u64 {
     let p = Pager::new(PagerConfig {
-        budget_bytes: 8 << 20,
+        budget_bytes: 16 << 20,
         tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
-        pool_max_bytes: Some(1 << 20),
-        file_unit_bytes: 1 << 20,
-        // lz4's ~2 KiB objects: the pool overflows and writeback fills the units.
+        pool_max_bytes: Some(12 << 20),
+        file_unit_bytes: unit,
+        // lz4's ~2 KiB objects: many to a unit.
         compressor: tierswap::Compressor::Lz4,
         ..Default::default()
     })
     .unwrap();
-    let n = 4096;
     let r = filled_region(&p, n);
     p.evict_all();
-    // Pool writeback packs objects of many clusters into each unit.
+    let c = p.stats().counters;
+    assert_eq!((c.zswpout, c.file_writes), (n as u64, 0), "every page is in the pool, none in the file: {c:?}");
     let t0 = std::time::Instant::now();
-    while p.stats().counters.zswpwb < n as u64 / 2 {
+    while p.stats().counters.zswpwb < n as u64 {
         assert!(t0.elapsed().as_secs() < 30, "writeback stalled: {:?}", p.stats());
-        std::thread::sleep(std::time::Duration::from_millis(10));
+        p.writeback_now();
     }
     let c = p.stats().counters;
+    assert_eq!(c.pswpout, n as u64, "every page reached the file: {c:?}");
     assert!(c.file_writes > 0 && c.file_io_bytes >= c.file_write_bytes, "{c:?}");
-    let avg = c.file_io_bytes / c.file_writes;
-    assert!(avg > 256 << 10, "writes fill units of 1 MiB, not 64 KiB: {avg} bytes on average");
     let mem = r.as_slice();
-    assert!((0..n).all(|pg| page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg)));
+    assert!((0..n).all(|pg| page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg)), "every page reads back from the file");
+    assert_eq!(p.stats().counters.pswpin, n as u64, "and they were read from it");
+    c.file_io_bytes / c.file_writes
+}
+
+#[test]
+fn larger_file_units_mean_larger_writes() {
+    let n = 2048;
+    let big = writeback_write_size(1 << 20, n);
+    let small = writeback_write_size(64 << 10, n);
+    assert!(small <= 64 << 10, "a write never exceeds its 64 KiB unit: {small} bytes on average");
+    assert!(big > 512 << 10, "writes fill units of 1 MiB: {big} bytes on average");
+    assert!(big > 8 * small, "1 MiB units write in larger pieces than 64 KiB ones: {big} against {small}");
     let bad = PagerConfig { file_unit_bytes: 100_000, ..Default::default() };
     assert!(Pager::new(bad).is_err(), "a unit that is not a power of two is refused");
 }
