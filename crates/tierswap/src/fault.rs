@@ -1156,6 +1156,7 @@ fn wait_for_room(s: &Shared, direct: Option<&mut crate::reclaim::DirectReclaim>)
             return;
         }
     }
+    s.counters.pgscan_direct_throttle.fetch_add(1, Ordering::Relaxed);
     let deadline = Instant::now() + Duration::from_secs(2);
     let (m, cv) = &s.room;
     let mut g = m.lock().unwrap_or_else(|e| e.into_inner());

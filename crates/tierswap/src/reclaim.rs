@@ -293,16 +293,22 @@ impl Reclaim {
             self.inactive_target = max_inactive;
         }
         let inactive_target = self.inactive_target;
+        let mut faults_seen = self.s.counters.faults.load(Ordering::Relaxed);
         loop {
             if self.s.shutdown.load(Ordering::Acquire) {
                 return;
             }
             let fp = self.s.footprint_bytes();
             self.s.counters.note_footprint(fp);
-            if fp <= self.s.low_watermark() {
+            // The low watermark is headroom for a program still faulting pages in; one that
+            // took no fault during the last batch needs none yet (it may be done, as after
+            // a fill): stop at the high watermark instead of evicting what it may touch next.
+            let faults = self.s.counters.faults.load(Ordering::Relaxed);
+            if fp <= self.s.low_watermark() || (fp <= self.s.high_watermark() && faults == faults_seen) {
                 self.s.reclaim_stuck.store(false, Ordering::Relaxed);
                 return;
             }
+            faults_seen = faults;
             if self.pool_over_limit() {
                 self.s.kick_writeback(false);
             }
@@ -1213,7 +1219,11 @@ impl DirectReclaim {
         let r = &mut self.0;
         let mut total = 0;
         while r.s.footprint_bytes() > r.s.budget() && !r.s.shutdown.load(Ordering::Acquire) {
-            let n = r.evict(DIRECT_BATCH_BLOCKS);
+            let mut n = r.evict(DIRECT_BATCH_BLOCKS);
+            if n == 0 && r.s.config.direct_stage && r.deactivate(DIRECT_BATCH_BLOCKS) > 0 {
+                // The list ran dry under two evictors: stage here rather than wait.
+                n = r.evict(DIRECT_BATCH_BLOCKS);
+            }
             if n == 0 {
                 break;
             }

@@ -147,6 +147,10 @@ counters! {
     pgsteal_direct,
     /// Faults that waited for reclaim to bring the footprint under the budget.
     throttled_faults,
+    /// Of those, faults that slept for room: direct reclaim was off, found nothing to evict,
+    /// or evicted and the footprint was still over (the kernel's name for a direct
+    /// reclaimer it throttles). Time the program's CPU may idle.
+    pgscan_direct_throttle,
     /// Times the footprint could not be kept under budget: a reclaim pass with nothing left
     /// to evict, or a fault that waited 2 s for room and went on.
     over_budget_events,

@@ -163,16 +163,18 @@ fn threads_touch_the_same_pages_while_reclaim_runs() {
 }
 
 /// Direct reclaim: fault threads that wait for room evict staged blocks themselves, beside
-/// the reclaim thread, so two or three evictors work on one region at once. Writers on four
-/// threads rewrite and check their pages through a budget an eighth of the data.
+/// the reclaim thread, so two or three evictors work on one region at once, and (with
+/// `direct_stage`) stage blocks beside it too when the inactive list runs dry. Writers on
+/// four threads rewrite and check their pages through a budget an eighth of the data.
 #[test]
 fn direct_reclaim_evicts_beside_the_reclaim_thread_and_loses_nothing() {
-    for direct in [true, false] {
+    for (direct, stage) in [(true, true), (true, false), (false, false)] {
         let p = Pager::new(PagerConfig {
             budget_bytes: 4 << 20,
             tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
             fault_threads: 2,
             direct_reclaim: direct,
+            direct_stage: stage,
             ..Default::default()
         })
         .unwrap();
@@ -198,20 +200,55 @@ fn direct_reclaim_evicts_beside_the_reclaim_thread_and_loses_nothing() {
             })
             .collect();
         let bad: u64 = writers.into_iter().map(|h| h.join().unwrap()).sum();
-        assert_eq!(bad, 0, "direct reclaim {direct}: a page came back with an older generation or torn");
+        assert_eq!(
+            bad, 0,
+            "direct reclaim {direct}, staging {stage}: a page came back with an older generation or torn"
+        );
         let mem = r.as_slice();
         let wrong = (0..n).filter(|&pg| !page_matches(&mem[pg * PAGE..(pg + 1) * PAGE], pg, 4)).count();
-        assert_eq!(wrong, 0, "direct reclaim {direct}: pages wrong after the writers");
+        assert_eq!(wrong, 0, "direct reclaim {direct}, staging {stage}: pages wrong after the writers");
         let c = p.stats().counters;
         assert!(c.pgsteal >= (n as u64) * 3, "the data went through eviction: {c:?}");
+        assert!(c.pgscan_direct_throttle <= c.throttled_faults, "{c:?}");
         if direct {
             assert!(c.pgsteal_direct > 0 && c.pgsteal_direct < c.pgsteal, "both evicted: {c:?}");
         } else {
             assert_eq!(c.pgsteal_direct, 0, "{c:?}");
+            assert_eq!(
+                c.pgscan_direct_throttle, c.throttled_faults,
+                "without direct reclaim every waiting fault sleeps: {c:?}"
+            );
         }
         drop(r);
-        assert_eq!(p.stats().swap_slots, 0, "direct reclaim {direct}: every slot freed");
+        assert_eq!(p.stats().swap_slots, 0, "direct reclaim {direct}, staging {stage}: every slot freed");
     }
+}
+
+/// Reclaim evicts down to its low watermark (1/12 of the budget under it) while the program
+/// faults pages in, for headroom; once the program stops faulting it stops at the high
+/// watermark (1/32 under), leaving what the program may touch next in memory.
+#[test]
+fn reclaim_stops_at_the_high_watermark_once_the_program_stops_faulting() {
+    let budget = 64u64 << 20;
+    let p = pager(budget, "zero,pool,file");
+    let n = 2 * budget as usize / PAGE;
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    let mem = r.as_mut_slice();
+    for pg in 0..n {
+        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 7);
+    }
+    assert!(p.settle(Duration::from_secs(30)), "reclaim settles: {:?}", p.stats());
+    let st = p.stats();
+    let (low, high) = (budget - budget / 12, budget - budget / 32);
+    assert!(st.counters.pgsteal > 0, "the fill went through eviction: {st:?}");
+    assert!(
+        st.footprint > low && st.footprint <= high,
+        "the footprint {} B stays between the low ({low}) and high ({high}) watermarks: {st:?}",
+        st.footprint
+    );
+    let mem = r.as_slice();
+    let wrong = (0..n).filter(|&pg| !page_matches(&mem[pg * PAGE..(pg + 1) * PAGE], pg, 7)).count();
+    assert_eq!(wrong, 0, "every page reads back");
 }
 
 #[test]
