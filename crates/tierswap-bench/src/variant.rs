@@ -12,8 +12,8 @@
 //! `reread-to-pool` (a clean page read back from the file twice goes to the pool next),
 //! `learn-blocks` (a lone fault brings its 64 KiB block
 //! in whole once blocks are seen read whole), `direct-reclaim` (a fault thread
-//! waiting for room evicts itself), `direct-stage` (a direct reclaimer that finds nothing
-//! staged stages a batch itself), each
+//! waiting for room evicts itself), `stage-ahead` (the reclaim thread keeps 2 MiB staged
+//! ahead of its eviction, for direct reclaimers), each
 //! also as `no-…`, `spin=US`, `nice=N` (the
 //! reclaim and writeback threads' nice value, 0 to 19) and
 //! `fault=thread|signal`, `compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N]`,
@@ -32,7 +32,7 @@ use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]learn-blocks, [no-]direct-reclaim, [no-]direct-stage, [no-]read-next-unit, prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]read-next-unit, prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
@@ -78,9 +78,9 @@ pub enum Override {
     LearnBlocks(bool),
     /// `direct-reclaim` / `no-direct-reclaim`: fault threads evict while they wait for room.
     DirectReclaim(bool),
-    /// `direct-stage` / `no-direct-stage`: a direct reclaimer that finds nothing staged
-    /// stages a batch itself.
-    DirectStage(bool),
+    /// `stage-ahead` / `no-stage-ahead`: the reclaim thread keeps 2 MiB staged ahead of its
+    /// own eviction, for direct reclaimers to evict from.
+    StageAhead(bool),
     /// `read-next-unit` / `no-read-next-unit`: whole-unit file reads take the next unit too.
     ReadNextUnit(bool),
     /// `spin=US`: the fault threads' adaptive spin.
@@ -124,7 +124,7 @@ impl Override {
             Override::PoolAdapt(on) => config.pool_adapt = on,
             Override::LearnBlocks(on) => config.swapin_learn_blocks = on,
             Override::DirectReclaim(on) => config.direct_reclaim = on,
-            Override::DirectStage(on) => config.direct_stage = on,
+            Override::StageAhead(on) => config.stage_ahead = on,
             Override::ReadNextUnit(on) => config.file_read_next_unit = on,
             Override::SpinUs(us) => config.fault_spin_us = us,
             Override::Nice(n) => config.background_nice = n,
@@ -201,8 +201,8 @@ impl Override {
             "no-learn-blocks" => switch(Override::LearnBlocks, false),
             "direct-reclaim" => switch(Override::DirectReclaim, true),
             "no-direct-reclaim" => switch(Override::DirectReclaim, false),
-            "direct-stage" => switch(Override::DirectStage, true),
-            "no-direct-stage" => switch(Override::DirectStage, false),
+            "stage-ahead" => switch(Override::StageAhead, true),
+            "no-stage-ahead" => switch(Override::StageAhead, false),
             "spin" => value
                 .ok_or_else(|| needs("50"))?
                 .parse::<u32>()
@@ -431,9 +431,9 @@ mod tests {
         let fixed = parse("tierswap:no-pool-adapt").unwrap().pager(&base);
         assert!(parse("tierswap:pool-adapt").unwrap().pager(&fixed).pool_adapt);
         assert!(!parse("tierswap:no-learn-blocks").unwrap().pager(&base).swapin_learn_blocks);
-        let unstaged = parse("tierswap:no-direct-stage").unwrap().pager(&base);
-        assert!(base.direct_stage && !unstaged.direct_stage);
-        assert!(parse("tierswap:direct-stage").unwrap().pager(&unstaged).direct_stage);
+        let behind = parse("tierswap:no-stage-ahead").unwrap().pager(&base);
+        assert!(base.stage_ahead && !behind.stage_ahead);
+        assert!(parse("tierswap:stage-ahead").unwrap().pager(&behind).stage_ahead);
         assert_eq!(parse("tierswap:fault-around-max=64K").unwrap().pager(&base).fault_around_max_pages, 16);
         assert!(parse("tierswap:fault-around-max=3K").is_err());
         assert!(

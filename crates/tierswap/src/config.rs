@@ -326,14 +326,19 @@ pub struct PagerConfig {
     /// lz4's: swap-out of 1 GiB of the lab's pages under 256 MiB (pool at 192 MiB) took
     /// 4.3 s with it against 6.0 s without (lab variant `[no-]direct-reclaim`).
     pub direct_reclaim: bool,
-    /// A direct reclaimer (fault thread or reclaim helper) that finds the inactive list
-    /// empty stages a batch of blocks itself and evicts from it, rather than waiting for
-    /// the reclaim thread to stage more (the kernel's direct reclaim shrinks the active list
-    /// too). Two evictors drain a list one of them fills: during the lab's 1 GiB swap-out
-    /// fault threads waited ~240 times, 0.5–0.66 s in all, while their CPU idled; with this
-    /// they never wait and swap-out drops from 2.45 to 2.20 s. On by default; lab variant
-    /// `[no-]direct-stage`.
-    pub direct_stage: bool,
+    /// While fewer than two batches of pages (2 MiB) are staged, the reclaim thread stages
+    /// two batches of blocks for each one it evicts, so that direct reclaimers (fault
+    /// threads, reclaim helpers), which evict from the inactive list but never stage, find
+    /// blocks there. Staging one batch per batch evicted, the thread refilled only what it
+    /// took itself: during the lab's 1 GiB swap-out the fault threads found the list empty
+    /// and slept for room ~200 times, 0.5–0.66 s in all, while their CPU idled; with the
+    /// reserve ~20 times, and swap-out of usama_1g takes 2.09 s instead of 2.25. Always two
+    /// batches did as well there but filled the list to its target, whose pages a sparse
+    /// refault then touched (random64_sparse 0.29 → 0.33 s); direct reclaimers staging for
+    /// themselves did too, but two threads moving pages in one region contend on its
+    /// page-table locks and flush the TLB page by page (the zero workload's refault went
+    /// 0.9 → 2.4 s). On by default; lab variant `[no-]stage-ahead`.
+    pub stage_ahead: bool,
     /// Run the reclaim and writeback threads under SCHED_IDLE: a fault thread woken on their
     /// CPU preempts them at once instead of waiting out their time slice. They still run
     /// whenever a CPU has nothing else, which includes every time the program waits for room.
@@ -456,7 +461,7 @@ impl Default for PagerConfig {
             batch_stage: true,
             background_idle: false,
             direct_reclaim: DEFAULT_DIRECT_RECLAIM,
-            direct_stage: true,
+            stage_ahead: true,
             pool_adapt: true,
             remote: None,
             fault_mode: FaultMode::default(),

@@ -31,6 +31,10 @@ const BATCH_BLOCKS: usize = 16;
 const CHUNK_BLOCKS: usize = PTES_PER_CHUNK / BLOCK_PAGES;
 /// Reclaim's allocation lane in the swap space.
 const LANE: usize = 0;
+/// Staged pages the reclaim thread keeps ahead of its own eviction with `stage_ahead`, for
+/// direct reclaimers: two batches (2 MiB). Not more: a list filled to its target holds
+/// pages a sparse refault touches, and each such fault brings back its staged block whole.
+const STAGE_RESERVE_PAGES: i64 = (2 * BATCH_BLOCKS * BLOCK_PAGES) as i64;
 /// Blocks deactivated together, with one move per run of present pages (1 MiB).
 const SPAN_BLOCKS: usize = 16;
 /// Evicted blocks whose mirror copies are dropped together, with one process_madvise.
@@ -321,8 +325,12 @@ impl Reclaim {
                 continue;
             }
             let mut progress = 0usize;
-            if self.s.staged_pages.load(Ordering::Relaxed) < inactive_target {
-                progress += self.deactivate(BATCH_BLOCKS);
+            let staged = self.s.staged_pages.load(Ordering::Relaxed);
+            if staged < inactive_target {
+                // A batch for the one evicted below, and while the list is under its
+                // reserve one more, for the direct reclaimers evicting beside us.
+                let ahead = self.s.config.stage_ahead && staged < STAGE_RESERVE_PAGES;
+                progress += self.deactivate(if ahead { 2 * BATCH_BLOCKS } else { BATCH_BLOCKS });
             }
             progress += self.evict(BATCH_BLOCKS);
             self.notify_room();
@@ -1219,11 +1227,7 @@ impl DirectReclaim {
         let r = &mut self.0;
         let mut total = 0;
         while r.s.footprint_bytes() > r.s.budget() && !r.s.shutdown.load(Ordering::Acquire) {
-            let mut n = r.evict(DIRECT_BATCH_BLOCKS);
-            if n == 0 && r.s.config.direct_stage && r.deactivate(DIRECT_BATCH_BLOCKS) > 0 {
-                // The list ran dry under two evictors: stage here rather than wait.
-                n = r.evict(DIRECT_BATCH_BLOCKS);
-            }
+            let n = r.evict(DIRECT_BATCH_BLOCKS);
             if n == 0 {
                 break;
             }

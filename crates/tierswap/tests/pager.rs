@@ -163,18 +163,18 @@ fn threads_touch_the_same_pages_while_reclaim_runs() {
 }
 
 /// Direct reclaim: fault threads that wait for room evict staged blocks themselves, beside
-/// the reclaim thread, so two or three evictors work on one region at once, and (with
-/// `direct_stage`) stage blocks beside it too when the inactive list runs dry. Writers on
-/// four threads rewrite and check their pages through a budget an eighth of the data.
+/// the reclaim thread, so two or three evictors work on one region at once, from an
+/// inactive list the reclaim thread stages ahead (`stage_ahead`) or not. Writers on four
+/// threads rewrite and check their pages through a budget an eighth of the data.
 #[test]
 fn direct_reclaim_evicts_beside_the_reclaim_thread_and_loses_nothing() {
-    for (direct, stage) in [(true, true), (true, false), (false, false)] {
+    for (direct, ahead) in [(true, true), (true, false), (false, true)] {
         let p = Pager::new(PagerConfig {
             budget_bytes: 4 << 20,
             tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
             fault_threads: 2,
             direct_reclaim: direct,
-            direct_stage: stage,
+            stage_ahead: ahead,
             ..Default::default()
         })
         .unwrap();
@@ -202,11 +202,11 @@ fn direct_reclaim_evicts_beside_the_reclaim_thread_and_loses_nothing() {
         let bad: u64 = writers.into_iter().map(|h| h.join().unwrap()).sum();
         assert_eq!(
             bad, 0,
-            "direct reclaim {direct}, staging {stage}: a page came back with an older generation or torn"
+            "direct reclaim {direct}, staging ahead {ahead}: a page came back with an older generation or torn"
         );
         let mem = r.as_slice();
         let wrong = (0..n).filter(|&pg| !page_matches(&mem[pg * PAGE..(pg + 1) * PAGE], pg, 4)).count();
-        assert_eq!(wrong, 0, "direct reclaim {direct}, staging {stage}: pages wrong after the writers");
+        assert_eq!(wrong, 0, "direct reclaim {direct}, staging ahead {ahead}: pages wrong after the writers");
         let c = p.stats().counters;
         assert!(c.pgsteal >= (n as u64) * 3, "the data went through eviction: {c:?}");
         assert!(c.pgscan_direct_throttle <= c.throttled_faults, "{c:?}");
@@ -220,7 +220,7 @@ fn direct_reclaim_evicts_beside_the_reclaim_thread_and_loses_nothing() {
             );
         }
         drop(r);
-        assert_eq!(p.stats().swap_slots, 0, "direct reclaim {direct}, staging {stage}: every slot freed");
+        assert_eq!(p.stats().swap_slots, 0, "direct reclaim {direct}, staging ahead {ahead}: every slot freed");
     }
 }
 
