@@ -1144,10 +1144,6 @@ fn wait_for_room(s: &Shared, direct: Option<&mut crate::reclaim::DirectReclaim>)
         return;
     }
     s.counters.throttled_faults.fetch_add(1, Ordering::Relaxed);
-    if s.helpers > 0 {
-        // A signal-mode fault: its thread sleeps below, and the helper on its CPU evicts.
-        s.helper_kick.kick_all();
-    }
     if let Some(d) = direct {
         // Evict on this CPU rather than sleep on it; what is left to wait for is staging.
         s.kick_reclaim();
@@ -1163,6 +1159,7 @@ fn wait_for_room(s: &Shared, direct: Option<&mut crate::reclaim::DirectReclaim>)
     while s.footprint_bytes() > s.budget() && !s.shutdown.load(Ordering::Relaxed) {
         s.kick_reclaim();
         if s.helpers > 0 {
+            // A signal-mode fault: its thread sleeps here, and the helper on its CPU evicts.
             s.helper_kick.kick_all();
         }
         let now = Instant::now();
