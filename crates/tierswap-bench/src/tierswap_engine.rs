@@ -153,6 +153,13 @@ impl Engine for TierswapEngine {
             extra.push(("remote_rtt_p99_us".to_string(), rtt.fault_latency_percentile_us(99.0)));
             extra.push(("remote_pages_at_refault".to_string(), before.remote_pages));
         }
+        // Every counter's change over the refault phase alone, as `refault.NAME` (not the
+        // footprint's high-water mark, which is no count).
+        for ((name, a), (_, b)) in after.counters.pairs().into_iter().zip(before.counters.pairs()) {
+            if name != "footprint_max" {
+                extra.push((format!("refault.{name}"), a.saturating_sub(b)));
+            }
+        }
         let footprint_max = peak.load(Ordering::Relaxed).max(after.counters.footprint_max);
         Ok(RunResult {
             workload: spec.workload.name().into(),

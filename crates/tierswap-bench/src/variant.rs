@@ -14,7 +14,7 @@
 //! in whole once blocks are seen read whole), `direct-reclaim` (a fault thread
 //! waiting for room evicts itself), `stage-ahead` (the reclaim thread keeps 2 MiB staged
 //! ahead of its eviction, for direct reclaimers), each
-//! also as `no-…`, `spin=US`, `nice=N` (the
+//! also as `no-…`, `spin=US`, `threads=N` (fault threads), `nice=N` (the
 //! reclaim and writeback threads' nice value, 0 to 19) and
 //! `fault=thread|signal`, `compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N]`,
 //! `recompress=none|zstd|zstd-LEVEL|zstd-fast[-N]`,
@@ -32,7 +32,7 @@ use crate::EngineKind;
 
 /// The settings a variant may change, as they are spelled in a spec (for error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]read-next-unit, prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// Largest swap-in in bytes a user may ask for (512 pages).
 const SWAPIN_MAX_BYTES: u64 = (tierswap::config::MAX_SWAPIN_PAGES as u64) * PAGE_BYTES;
@@ -85,6 +85,13 @@ pub enum Override {
     ReadNextUnit(bool),
     /// `spin=US`: the fault threads' adaptive spin.
     SpinUs(u32),
+    /// `follow` / `no-follow`: one fault thread polls, the one on the program's CPU.
+    Follow(bool),
+    /// `throttle-headroom` / `no-throttle-headroom`: reclaim evicts on to its low watermark
+    /// only while faults wait for room (else after any fault).
+    ThrottleHeadroom(bool),
+    /// `threads=N`: this many fault threads (0: one per CPU).
+    FaultThreads(usize),
     /// `nice=N`: the reclaim and writeback threads' nice value.
     Nice(i32),
     /// `encrypt` / `no-encrypt`.
@@ -127,6 +134,9 @@ impl Override {
             Override::StageAhead(on) => config.stage_ahead = on,
             Override::ReadNextUnit(on) => config.file_read_next_unit = on,
             Override::SpinUs(us) => config.fault_spin_us = us,
+            Override::FaultThreads(n) => config.fault_threads = n,
+            Override::Follow(on) => config.fault_follow = on,
+            Override::ThrottleHeadroom(on) => config.throttle_headroom = on,
             Override::Nice(n) => config.background_nice = n,
             Override::LocalTiers(t) => {
                 config.tiers = t;
@@ -201,6 +211,10 @@ impl Override {
             "no-learn-blocks" => switch(Override::LearnBlocks, false),
             "direct-reclaim" => switch(Override::DirectReclaim, true),
             "no-direct-reclaim" => switch(Override::DirectReclaim, false),
+            "throttle-headroom" => switch(Override::ThrottleHeadroom, true),
+            "no-throttle-headroom" => switch(Override::ThrottleHeadroom, false),
+            "follow" => switch(Override::Follow, true),
+            "no-follow" => switch(Override::Follow, false),
             "stage-ahead" => switch(Override::StageAhead, true),
             "no-stage-ahead" => switch(Override::StageAhead, false),
             "spin" => value
@@ -212,6 +226,18 @@ impl Override {
                 .ok_or_else(|| {
                     format!(
                         "spin '{}' is not a number of microseconds from 0 to 100000, e.g. spin=50",
+                        value.unwrap_or("")
+                    )
+                }),
+            "threads" => value
+                .ok_or_else(|| needs("1"))?
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n <= 64)
+                .map(Override::FaultThreads)
+                .ok_or_else(|| {
+                    format!(
+                        "threads '{}' is not a number of fault threads from 0 (one per CPU) to 64, e.g. threads=1",
                         value.unwrap_or("")
                     )
                 }),
@@ -434,6 +460,14 @@ mod tests {
         let behind = parse("tierswap:no-stage-ahead").unwrap().pager(&base);
         assert!(base.stage_ahead && !behind.stage_ahead);
         assert!(parse("tierswap:stage-ahead").unwrap().pager(&behind).stage_ahead);
+        let all_poll = parse("tierswap:no-follow").unwrap().pager(&base);
+        assert!(base.fault_follow && !all_poll.fault_follow);
+        assert!(parse("tierswap:follow").unwrap().pager(&all_poll).fault_follow);
+        let eager = parse("tierswap:no-throttle-headroom").unwrap().pager(&base);
+        assert!(base.throttle_headroom && !eager.throttle_headroom);
+        assert!(parse("tierswap:throttle-headroom").unwrap().pager(&eager).throttle_headroom);
+        assert_eq!(parse("tierswap:threads=1").unwrap().pager(&base).fault_threads, 1);
+        assert!(parse("tierswap:threads=x").unwrap_err().contains("threads 'x' is not a number of fault threads"));
         assert_eq!(parse("tierswap:fault-around-max=64K").unwrap().pager(&base).fault_around_max_pages, 16);
         assert!(parse("tierswap:fault-around-max=3K").is_err());
         assert!(

@@ -339,6 +339,15 @@ pub struct PagerConfig {
     /// page-table locks and flush the TLB page by page (the zero workload's refault went
     /// 0.9 → 2.4 s). On by default; lab variant `[no-]stage-ahead`.
     pub stage_ahead: bool,
+    /// Reclaim evicts on to its low watermark (1/12 under the budget) only while faults wait
+    /// for room: when none did during its last batch it stops at the high watermark (1/32
+    /// under). Stop 28 took any fault during the batch as the sign, so a program faulting
+    /// slower than reclaim evicts — a sparse refault, whose reclaim thread is its bottleneck
+    /// (compressing what each fault displaces) — paid for ~4,700 evictions it never needed
+    /// (stride64_sparse: 21,000 evictions for 15,900 pages refaulted; 0.31 → 0.27 s,
+    /// random64_sparse 0.235 → 0.212 s). Off: the low watermark after any fault. On by
+    /// default; lab variant `[no-]throttle-headroom`.
+    pub throttle_headroom: bool,
     /// Run the reclaim and writeback threads under SCHED_IDLE: a fault thread woken on their
     /// CPU preempts them at once instead of waiting out their time slice. They still run
     /// whenever a CPU has nothing else, which includes every time the program waits for room.
@@ -348,6 +357,15 @@ pub struct PagerConfig {
     /// sleeps, without waking a halted CPU (DESIGN §9), and its install wakes the faulting
     /// thread on that same CPU. Takes effect with one fault thread per CPU (the default).
     pub fault_pin: bool,
+    /// While one program thread faults at a time, only the fault thread on that thread's
+    /// CPU polls the userfaultfd, and the lead moves when the program does; the others
+    /// sleep on an eventfd of their own (`watch.rs`). Every poller is woken by every fault:
+    /// without following, each fault also wakes the fault threads on the other CPUs, a
+    /// cross-CPU wake-up the faulting thread pays for and a switch that takes the other
+    /// CPU from the reclaim thread. Faults of two program threads close together put every
+    /// fault thread back on the userfaultfd. Takes effect with `fault_pin` and more than one
+    /// fault thread; lab variant `[no-]follow`.
+    pub fault_follow: bool,
     /// Reclaim drops the mirror copies of evicted pages 8 blocks at a time, with one
     /// process_madvise (adjacent blocks merged into one range): one TLB shootdown of the
     /// program's CPU instead of one per block. On by default: refault 1.08× as fast on
@@ -457,11 +475,13 @@ impl Default for PagerConfig {
             fault_spin_us: DEFAULT_FAULT_SPIN_US,
             background_nice: DEFAULT_BACKGROUND_NICE,
             fault_pin: DEFAULT_FAULT_PIN,
+            fault_follow: true,
             batch_release: true,
             batch_stage: true,
             background_idle: false,
             direct_reclaim: DEFAULT_DIRECT_RECLAIM,
             stage_ahead: true,
+            throttle_headroom: true,
             pool_adapt: true,
             remote: None,
             fault_mode: FaultMode::default(),

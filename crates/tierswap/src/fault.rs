@@ -86,6 +86,8 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
     if s.config.fault_pin {
         pin_to_cpu(index, "fault thread");
     }
+    s.watch.register(index);
+    let mut look = crate::watch::Look::new();
     let mut scratch = match Scratch::new(s.config.file_unit_bytes, s.config.swapin_max_pages) {
         Ok(b) => b,
         Err(e) => fatal(&format!("a fault thread cannot map its buffers: {e}")),
@@ -109,6 +111,11 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
     // Every allocation of this thread's start is behind it: a fork may begin now.
     s.fault_thread_started();
     while !s.shutdown.load(Ordering::Acquire) {
+        if !s.watch.polls(index) {
+            s.watch.sleep(index, s.stop_fd.as_raw_fd());
+            last_served = None;
+            continue;
+        }
         let spinning = last_served.is_some_and(|t| t.elapsed() < spin);
         let mut mirror = spinning;
         if !spinning {
@@ -142,8 +149,18 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
         if !spin.is_zero() && !events.is_empty() {
             last_served = Some(Instant::now());
         }
+        if s.watch.note(index, &events) {
+            s.counters.fault_follow_all.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut served_tid = 0;
         for ev in events.drain(..) {
+            if let Event::PageFault { tid, .. } = ev {
+                served_tid = tid;
+            }
             serve_fault_event(&s, ev, &mut scratch);
+        }
+        if s.watch.follow(index, served_tid, &mut look) {
+            s.counters.fault_follow_moves.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -1144,6 +1161,12 @@ fn wait_for_room(s: &Shared, direct: Option<&mut crate::reclaim::DirectReclaim>)
         return;
     }
     s.counters.throttled_faults.fetch_add(1, Ordering::Relaxed);
+    // Every fault thread polls while this one waits (watch.rs): another program thread's
+    // fault must not wait for this one's room, and a hole this thread's eviction reads in
+    // a mirror is a fault another fault thread serves.
+    if s.watch.release_all() {
+        s.counters.fault_follow_all.fetch_add(1, Ordering::Relaxed);
+    }
     if let Some(d) = direct {
         // Evict on this CPU rather than sleep on it; what is left to wait for is staging.
         s.kick_reclaim();

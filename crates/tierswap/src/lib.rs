@@ -33,6 +33,7 @@ pub mod swap;
 pub mod sys;
 mod trail;
 pub mod uffd;
+mod watch;
 pub mod writeback;
 
 pub use config::{

@@ -377,6 +377,8 @@ pub(crate) struct Shared {
     pub(crate) next_region_id: AtomicU64,
     /// Written to stop the fault threads' poll.
     pub(crate) stop_fd: OwnedFd,
+    /// Which fault threads poll the userfaultfd (`watch.rs`).
+    pub(crate) watch: crate::watch::Watch,
     pub(crate) warned_over_budget: AtomicBool,
     /// Number of fault threads.
     pub(crate) fault_threads: usize,
@@ -1006,6 +1008,8 @@ impl Pager {
         }
         // SAFETY: efd is a fresh fd nobody else owns.
         let stop_fd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let watch = crate::watch::Watch::new(n_fault, config.fault_follow && config.fault_pin)
+            .map_err(io_err("cannot make the fault threads' eventfds"))?;
         let shared = Arc::new(Shared {
             uffd,
             mirror_uffd,
@@ -1036,6 +1040,7 @@ impl Pager {
             reclaim_stuck: AtomicBool::new(false),
             next_region_id: AtomicU64::new(1),
             stop_fd,
+            watch,
             warned_over_budget: AtomicBool::new(false),
             fault_threads: n_fault,
             wb_kick: Kick::default(),

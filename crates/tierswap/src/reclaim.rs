@@ -297,22 +297,24 @@ impl Reclaim {
             self.inactive_target = max_inactive;
         }
         let inactive_target = self.inactive_target;
-        let mut faults_seen = self.s.counters.faults.load(Ordering::Relaxed);
+        // The low watermark is headroom for a program whose faults wait for room (with
+        // `throttle_headroom`; else for one still faulting at all). One whose faults did not
+        // wait during the last batch needs none (reclaim keeps up, or the program is done,
+        // as after a fill): stop at the high watermark instead of evicting what it may touch
+        // next.
+        let mut pressure_seen = pressure(&self.s);
         loop {
             if self.s.shutdown.load(Ordering::Acquire) {
                 return;
             }
             let fp = self.s.footprint_bytes();
             self.s.counters.note_footprint(fp);
-            // The low watermark is headroom for a program still faulting pages in; one that
-            // took no fault during the last batch needs none yet (it may be done, as after
-            // a fill): stop at the high watermark instead of evicting what it may touch next.
-            let faults = self.s.counters.faults.load(Ordering::Relaxed);
-            if fp <= self.s.low_watermark() || (fp <= self.s.high_watermark() && faults == faults_seen) {
+            let now = pressure(&self.s);
+            if fp <= self.s.low_watermark() || (fp <= self.s.high_watermark() && now == pressure_seen) {
                 self.s.reclaim_stuck.store(false, Ordering::Relaxed);
                 return;
             }
-            faults_seen = faults;
+            pressure_seen = now;
             if self.pool_over_limit() {
                 self.s.kick_writeback(false);
             }
@@ -1179,6 +1181,13 @@ fn where_is(r: &RegionInner, idx: usize) -> PteState {
     } else {
         PteState::None
     }
+}
+
+/// The count whose rise during a batch keeps reclaim going to its low watermark: faults
+/// that waited for room (`throttle_headroom`), or faults at all.
+fn pressure(s: &Shared) -> u64 {
+    let c = &s.counters;
+    if s.config.throttle_headroom { &c.throttled_faults } else { &c.faults }.load(Ordering::Relaxed)
 }
 
 /// Whether the page at `addr` is in some mapping (mincore fails with ENOMEM otherwise).

@@ -151,6 +151,12 @@ counters! {
     /// or evicted and the footprint was still over (the kernel's name for a direct
     /// reclaimer it throttles). Time the program's CPU may idle.
     pgscan_direct_throttle,
+    /// Times the lead moved to the fault thread on the CPU the faulting program thread runs
+    /// on (`PagerConfig::fault_follow`, watch.rs).
+    fault_follow_moves,
+    /// Times every fault thread went back to polling the userfaultfd: faults of two program
+    /// threads close together, or a leading fault thread going to sleep for room.
+    fault_follow_all,
     /// Times the footprint could not be kept under budget: a reclaim pass with nothing left
     /// to evict, or a fault that waited 2 s for room and went on.
     over_budget_events,

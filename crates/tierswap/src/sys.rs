@@ -127,6 +127,48 @@ pub fn allowed_cpus() -> io::Result<Vec<usize>> {
     Ok((0..max).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) }).collect())
 }
 
+/// A new non-blocking eventfd, closed on exec.
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd returns a new fd (or -1) that nothing else owns.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if efd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `efd` is a fresh fd nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(efd) })
+}
+
+/// Adds one to eventfd `fd`, waking whoever polls it. Cannot fail short of a count near
+/// 2^64, which a ring per wake-up never reaches.
+pub fn eventfd_ring(fd: BorrowedFd<'_>) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64 to an eventfd the caller owns.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+/// Resets non-blocking eventfd `fd` to zero (nothing happens when it already is).
+pub fn eventfd_drain(fd: BorrowedFd<'_>) {
+    let mut count: u64 = 0;
+    // SAFETY: reads 8 bytes into a live u64 from a non-blocking eventfd the caller owns.
+    unsafe { libc::read(fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+}
+
+/// The CPU the calling thread runs on (it may have moved by the time the caller looks).
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu takes nothing and returns a CPU number or -1.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
+}
+
+/// The CPU a thread last ran on, from the text of its `/proc/…/stat`: field 39, counting
+/// from the pid; fields are counted after the command's closing parenthesis, since the
+/// command itself may hold spaces and parentheses.
+pub fn stat_cpu(stat: &str) -> Option<usize> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    // After the command come the state (field 3) and the rest: field 39 is the 37th.
+    after_comm.split_ascii_whitespace().nth(39 - 3).and_then(|f| f.parse().ok())
+}
+
 /// Restricts the calling thread to one CPU.
 pub fn pin_thread(cpu: usize) -> io::Result<()> {
     // SAFETY: cpu_set_t is plain bits; all-zero is the empty set.
@@ -332,6 +374,37 @@ mod tests {
         // The spawning thread keeps its own set.
         assert_eq!(allowed_cpus().unwrap(), cpus);
         assert!(pin_thread(1 << 20).is_err());
+    }
+
+    #[test]
+    fn a_pinned_threads_stat_names_its_cpu() {
+        // A command with spaces and parentheses, as a program may name its threads.
+        assert_eq!(stat_cpu(&format!("7 (a) b (c) S{} 3 0 0", " 1".repeat(35))), Some(3));
+        assert_eq!(stat_cpu("7 (short) S 1 2"), None);
+        let last = *allowed_cpus().expect("sched_getaffinity").last().unwrap();
+        let seen = std::thread::spawn(move || {
+            pin_thread(last).expect("sched_setaffinity");
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).expect("stat");
+            (stat_cpu(&stat), current_cpu())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(seen, (Some(last), Some(last)));
+    }
+
+    #[test]
+    fn an_eventfd_rung_is_readable_until_drained() {
+        let fd = eventfd().expect("eventfd");
+        let fds = [fd.as_raw_fd()];
+        assert_eq!(crate::uffd::poll_fds(&fds, 0).unwrap(), 0);
+        eventfd_ring(fd.as_fd());
+        eventfd_ring(fd.as_fd());
+        assert_eq!(crate::uffd::poll_fds(&fds, 0).unwrap(), 1);
+        eventfd_drain(fd.as_fd());
+        assert_eq!(crate::uffd::poll_fds(&fds, 0).unwrap(), 0, "one drain takes every ring");
+        eventfd_drain(fd.as_fd());
     }
 
     #[test]

@@ -224,6 +224,103 @@ fn direct_reclaim_evicts_beside_the_reclaim_thread_and_loses_nothing() {
     }
 }
 
+/// Reads every page of `[from, to)` again and again, checking each against `salt`, until
+/// `for_how_long` has passed; the pages read and the mismatches.
+fn read_for(base: usize, (from, to): (usize, usize), salt: u64, for_how_long: Duration) -> (u64, u64) {
+    let t0 = std::time::Instant::now();
+    let (mut read, mut bad) = (0u64, 0u64);
+    while t0.elapsed() < for_how_long {
+        for pg in from..to {
+            // SAFETY: the region outlives the readers, and nobody writes it while they read.
+            let page = unsafe { std::slice::from_raw_parts((base + pg * PAGE) as *const u8, PAGE) };
+            read += 1;
+            bad += u64::from(!page_matches(page, pg, salt));
+        }
+    }
+    (read, bad)
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin(cpu: usize) {
+    // SAFETY: cpu_set_t is plain bits; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` comes from the allowed set, below the set's size.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the calling thread.
+    assert_eq!(unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) }, 0);
+}
+
+/// With following on, one fault thread polls while one program thread faults, and the lead
+/// moves with the program from CPU to CPU; two program threads faulting side by side put
+/// every fault thread back on the userfaultfd. Every page read is checked, and without
+/// following neither counter moves.
+#[test]
+fn the_fault_thread_on_the_programs_cpu_serves_it_and_every_page_comes_back() {
+    // SAFETY: sched_getaffinity fills a cpu_set_t we own.
+    let cpus: Vec<usize> = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    };
+    let (first, last) = (cpus[0], *cpus.last().unwrap());
+    for follow in [true, false] {
+        let p = Pager::new(PagerConfig {
+            budget_bytes: 8 << 20,
+            tiers: "zero,pool".parse::<Tiers>().unwrap(),
+            fault_threads: 2,
+            fault_follow: follow,
+            ..Default::default()
+        })
+        .unwrap();
+        let n = 8192; // 32 MiB through 8 MiB: every pass faults throughout
+        let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+        let mem = r.as_mut_slice();
+        for pg in 0..n {
+            fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 3);
+        }
+        let base = r.as_ptr() as usize;
+        // One program thread on the first CPU, long enough for a fault thread to take the
+        // lead (50 ms of one thread's faults), then on the last.
+        let (read, bad) = std::thread::spawn(move || {
+            pin(first);
+            let a = read_for(base, (0, n), 3, Duration::from_millis(300));
+            pin(last);
+            let b = read_for(base, (0, n), 3, Duration::from_millis(300));
+            (a.0 + b.0, a.1 + b.1)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(bad, 0, "follow {follow}: {bad} of {read} pages read back wrong");
+        let one = p.stats().counters;
+        assert!(one.zswpin > 2 * n as u64, "follow {follow}: the passes faulted their pages in: {one:?}");
+        // Two program threads side by side, one on each end of the CPU list.
+        let readers: Vec<_> = [(first, 0, n / 2), (last, n / 2, n)]
+            .into_iter()
+            .map(|(cpu, from, to)| {
+                std::thread::spawn(move || {
+                    pin(cpu);
+                    read_for(base, (from, to), 3, Duration::from_millis(200))
+                })
+            })
+            .collect();
+        for h in readers {
+            let (read, bad) = h.join().unwrap();
+            assert_eq!(bad, 0, "follow {follow}, two threads: {bad} of {read} pages read back wrong");
+        }
+        let c = p.stats().counters;
+        if !follow {
+            assert_eq!((c.fault_follow_moves, c.fault_follow_all), (0, 0), "{c:?}");
+        } else if first != last {
+            assert!(one.fault_follow_moves >= 1, "the lead followed the program to the last CPU: {one:?}");
+            assert!(c.fault_follow_all > one.fault_follow_all, "two threads: everyone polls again: {c:?}");
+        } else {
+            assert_eq!(c.fault_follow_moves, 0, "one CPU: nowhere to move the lead to: {c:?}");
+        }
+        drop(r);
+        assert_eq!(p.stats().swap_slots, 0, "follow {follow}: every slot freed");
+    }
+}
+
 /// Reclaim evicts down to its low watermark (1/12 of the budget under it) while the program
 /// faults pages in, for headroom; once the program stops faulting it stops at the high
 /// watermark (1/32 under), leaving what the program may touch next in memory.
@@ -249,6 +346,68 @@ fn reclaim_stops_at_the_high_watermark_once_the_program_stops_faulting() {
     let mem = r.as_slice();
     let wrong = (0..n).filter(|&pg| !page_matches(&mem[pg * PAGE..(pg + 1) * PAGE], pg, 7)).count();
     assert_eq!(wrong, 0, "every page reads back");
+}
+
+/// A program faulting pages in more slowly than reclaim evicts never waits for room: with
+/// `throttle_headroom` reclaim then stops at its high watermark instead of evicting on to
+/// the low one (pages the program may touch next, evicted for nothing); without it, any
+/// fault during a batch sends it down to the low watermark.
+#[test]
+fn reclaim_keeps_to_the_high_watermark_while_no_fault_waits_for_room() {
+    let budget = 64u64 << 20;
+    let (low, high) = (budget - budget / 12, budget - budget / 32);
+    for headroom in [true, false] {
+        let p = Arc::new(
+            Pager::new(PagerConfig {
+                budget_bytes: budget,
+                tiers: "zero,pool".parse::<Tiers>().unwrap(),
+                fault_threads: 2,
+                throttle_headroom: headroom,
+                ..Default::default()
+            })
+            .unwrap(),
+        );
+        let n = 3 * budget as usize / PAGE;
+        let mut r = p.region(n * PAGE, Hint::Random).unwrap();
+        let mem = r.as_mut_slice();
+        for pg in 0..n {
+            fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 5);
+        }
+        assert!(p.settle(Duration::from_secs(30)), "reclaim settles: {:?}", p.stats());
+        let before = p.stats().counters;
+        let stop = Arc::new(AtomicBool::new(false));
+        let sampler = {
+            let (p, stop) = (p.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut lowest = u64::MAX;
+                while !stop.load(Ordering::Relaxed) {
+                    lowest = lowest.min(p.stats().footprint);
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+                lowest
+            })
+        };
+        // One page of each of the first 3,000 8-page blocks (swapped out first), slowly.
+        let mem = r.as_slice();
+        let mut wrong = 0;
+        for b in 0..3000 {
+            let pg = b * 8 + b % 8;
+            wrong += usize::from(!page_matches(&mem[pg * PAGE..(pg + 1) * PAGE], pg, 5));
+            std::thread::sleep(Duration::from_micros(150));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let lowest = sampler.join().unwrap();
+        let c = p.stats().counters;
+        assert_eq!(wrong, 0, "headroom {headroom}: every page reads back");
+        assert!(c.zswpin - before.zswpin >= 2900, "headroom {headroom}: the reads faulted pages in: {c:?}");
+        assert!(c.pgsteal - before.pgsteal >= 1024, "headroom {headroom}: and reclaim evicted for them: {c:?}");
+        assert_eq!(c.throttled_faults, before.throttled_faults, "headroom {headroom}: no read waited for room");
+        if headroom {
+            assert!(lowest > low, "the footprint stayed over the low watermark {low}: lowest {lowest} (high {high})");
+        } else {
+            assert!(lowest <= low, "without: reclaim went down to the low watermark {low}: lowest {lowest}");
+        }
+    }
 }
 
 #[test]
