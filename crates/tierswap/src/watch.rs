@@ -14,7 +14,9 @@
 //! within [`WINDOW_NS`] of each other, every fault thread polls again ([`ALL`]) until
 //! [`QUIET_NS`] passes with faults of one thread only; the fault thread that reads the next
 //! fault then leads. A leader about to sleep for room hands back to [`ALL`] first, so that
-//! its sleep never holds up another program thread's fault.
+//! its sleep never holds up another program thread's fault. Followers wait on the mirrors'
+//! userfaultfd too (a fault there is the pager's own, rare): the leader may be the one
+//! that took it.
 //!
 //! ```text
 //!           ALL ──(one program thread faulting for QUIET_NS)──▶ leader = the reader
@@ -102,12 +104,14 @@ impl Watch {
         leader == ALL || leader == index
     }
 
-    /// Sleeps fault thread `index`, a follower, until its bell rings or `stop` is readable
-    /// (or a while passes: the caller looks again either way).
-    pub(crate) fn sleep(&self, index: usize, stop: RawFd) {
+    /// Sleeps fault thread `index`, a follower, until its bell rings, `stop` is readable or
+    /// the mirrors' userfaultfd `mirror` has a fault to serve (or a while passes: the caller
+    /// looks again either way). Says whether `mirror` is readable.
+    pub(crate) fn sleep(&self, index: usize, mirror: RawFd, stop: RawFd) -> bool {
         let bell = self.bells[index].as_fd();
-        let _ = uffd::poll_fds(&[bell.as_raw_fd(), stop], 200);
+        let ready = uffd::poll_fds(&[bell.as_raw_fd(), mirror, stop], 200).unwrap_or(0);
         sys::eventfd_drain(bell);
+        ready & 0b010 != 0
     }
 
     /// Notes the events fault thread `index` has just read: a second program thread's
