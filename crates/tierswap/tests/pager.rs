@@ -240,28 +240,13 @@ fn read_for(base: usize, (from, to): (usize, usize), salt: u64, for_how_long: Du
     (read, bad)
 }
 
-/// Pins the calling thread to `cpu`.
-fn pin(cpu: usize) {
-    // SAFETY: cpu_set_t is plain bits; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` comes from the allowed set, below the set's size.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the calling thread.
-    assert_eq!(unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) }, 0);
-}
-
 /// With following on, one fault thread polls while one program thread faults, and the lead
 /// moves with the program from CPU to CPU; two program threads faulting side by side put
 /// every fault thread back on the userfaultfd. Every page read is checked, and without
 /// following neither counter moves.
 #[test]
 fn the_fault_thread_on_the_programs_cpu_serves_it_and_every_page_comes_back() {
-    // SAFETY: sched_getaffinity fills a cpu_set_t we own.
-    let cpus: Vec<usize> = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
-        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
-    };
+    let cpus = tierswap::sys::allowed_cpus().expect("sched_getaffinity");
     let (first, last) = (cpus[0], *cpus.last().unwrap());
     for follow in [true, false] {
         let p = Pager::new(PagerConfig {
@@ -282,9 +267,9 @@ fn the_fault_thread_on_the_programs_cpu_serves_it_and_every_page_comes_back() {
         // One program thread on the first CPU, long enough for a fault thread to take the
         // lead (50 ms of one thread's faults), then on the last.
         let (read, bad) = std::thread::spawn(move || {
-            pin(first);
+            tierswap::sys::pin_thread(first).expect("sched_setaffinity");
             let a = read_for(base, (0, n), 3, Duration::from_millis(300));
-            pin(last);
+            tierswap::sys::pin_thread(last).expect("sched_setaffinity");
             let b = read_for(base, (0, n), 3, Duration::from_millis(300));
             (a.0 + b.0, a.1 + b.1)
         })
@@ -298,7 +283,7 @@ fn the_fault_thread_on_the_programs_cpu_serves_it_and_every_page_comes_back() {
             .into_iter()
             .map(|(cpu, from, to)| {
                 std::thread::spawn(move || {
-                    pin(cpu);
+                    tierswap::sys::pin_thread(cpu).expect("sched_setaffinity");
                     read_for(base, (from, to), 3, Duration::from_millis(200))
                 })
             })
