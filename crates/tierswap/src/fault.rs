@@ -1165,9 +1165,6 @@ fn wait_for_room(s: &Shared, direct: Option<&mut crate::reclaim::DirectReclaim>)
         return;
     }
     s.counters.throttled_faults.fetch_add(1, Ordering::Relaxed);
-    // Every fault thread polls while this one waits (watch.rs): another program thread's
-    // fault must not wait for this one's room, and a hole this thread's eviction reads in
-    // a mirror is a fault another fault thread serves.
     if let Some(d) = direct {
         // Evict on this CPU rather than sleep on it; what is left to wait for is staging.
         s.kick_reclaim();

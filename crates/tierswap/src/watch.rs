@@ -72,7 +72,9 @@ impl Watch {
     pub(crate) fn new(threads: usize, follow: bool) -> io::Result<Watch> {
         let on = follow && threads > 1;
         let (bells, by_cpu) = if on {
-            let cpus = sys::allowed_cpus()?.last().map_or(sys::online_cpus(), |&c| c + 1);
+            // CPU numbers may run past the count of CPUs (a sparse set); a CPU past these is
+            // one the lead never moves to.
+            let cpus = sys::allowed_cpus().ok().and_then(|c| c.last().map(|&c| c + 1)).unwrap_or(sys::online_cpus());
             let bells = (0..threads).map(|_| sys::eventfd()).collect::<io::Result<Vec<_>>>()?;
             (bells, (0..cpus).map(|_| AtomicUsize::new(NONE)).collect())
         } else {
