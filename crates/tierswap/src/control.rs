@@ -14,7 +14,7 @@
 //! `{"v":1,"ok":true}`; anything else → `{"v":1,"error":"…"}`.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -184,15 +184,13 @@ impl ControlServer {
         })?;
         let meta = path.symlink_metadata().map_err(|source| Error::Io { what: "stat", path: path.clone(), source })?;
         let ident = (meta.dev(), meta.ino());
-        // SAFETY: eventfd returns a new fd (or -1) that nothing else owns.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if efd < 0 {
-            let source = std::io::Error::last_os_error();
-            let _ = std::fs::remove_file(&path);
-            return Err(Error::Io { what: "create the stop eventfd", path, source });
-        }
-        // SAFETY: efd is a fresh fd we own.
-        let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
+        let stop = match crate::sys::eventfd() {
+            Ok(fd) => Arc::new(fd),
+            Err(source) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(Error::Io { what: "create the stop eventfd", path, source });
+            }
+        };
         let cmdline = opts.cmdline.clone().unwrap_or_else(own_cmdline);
         let started_unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let ctx = ServeContext { listener, stop: stop.clone(), path: path.clone(), pid, cmdline, started_unix };
@@ -218,9 +216,7 @@ impl ControlServer {
 
 impl Drop for ControlServer {
     fn drop(&mut self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-        unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        crate::sys::eventfd_ring(self.stop.as_fd());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

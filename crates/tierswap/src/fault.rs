@@ -87,7 +87,8 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
         pin_to_cpu(index, "fault thread");
     }
     s.watch.register(index);
-    let mut look = crate::watch::Look::new();
+    // When this thread, leading, next looks where the program runs (watch.rs).
+    let mut next_look = Instant::now();
     let mut scratch = match Scratch::new(s.config.file_unit_bytes, s.config.swapin_max_pages) {
         Ok(b) => b,
         Err(e) => fatal(&format!("a fault thread cannot map its buffers: {e}")),
@@ -163,7 +164,7 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
             }
             serve_fault_event(&s, ev, &mut scratch);
         }
-        if s.watch.follow(index, served_tid, &mut look) {
+        if s.watch.follow(index, served_tid, &mut next_look) {
             s.counters.fault_follow_moves.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -22,7 +22,7 @@
 //! waits on a fault thread; writeback takes entry locks only.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -895,11 +895,7 @@ impl Drop for Threads {
             crate::sigbus::unregister(place);
         }
         self.shared.shutdown.store(true, Ordering::SeqCst);
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a local u64 to our own eventfd.
-        unsafe {
-            libc::write(self.shared.stop_fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8);
-        }
+        sys::eventfd_ring(self.shared.stop_fd.as_fd());
         self.shared.kick_reclaim();
         self.shared.kick_writeback(false);
         {
@@ -1001,13 +997,7 @@ impl Pager {
         };
         let swap =
             SwapSpace::new(DEFAULT_MAX_SLOTS, 1).map_err(io_err("cannot reserve address space for the swap table"))?;
-        // SAFETY: eventfd creates a new fd we own at once.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if efd < 0 {
-            return Err(Error::Io { what: "eventfd".into(), source: std::io::Error::last_os_error() });
-        }
-        // SAFETY: efd is a fresh fd nobody else owns.
-        let stop_fd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let stop_fd = sys::eventfd().map_err(|source| Error::Io { what: "eventfd".into(), source })?;
         let watch = crate::watch::Watch::new(n_fault, config.fault_follow && config.fault_pin)
             .map_err(io_err("cannot make the fault threads' eventfds"))?;
         let shared = Arc::new(Shared {

@@ -147,17 +147,17 @@ impl Watch {
     }
 
     /// After fault thread `index` served program thread `tid`: if `index` leads and it is
-    /// time to look, hands the lead to the fault thread on the CPU `tid` is on. Says
-    /// whether the lead moved.
-    pub(crate) fn follow(&self, index: usize, tid: u32, look: &mut Look) -> bool {
+    /// past `next_look` (the thread's own, moved on by [`SAMPLE`]), hands the lead to the
+    /// fault thread on the CPU `tid` is on. Says whether the lead moved.
+    pub(crate) fn follow(&self, index: usize, tid: u32, next_look: &mut Instant) -> bool {
         if !self.on || tid == 0 || self.leader.load(Ordering::Relaxed) != index {
             return false;
         }
         let now = Instant::now();
-        if now < look.next {
+        if now < *next_look {
             return false;
         }
-        look.next = now + SAMPLE;
+        *next_look = now + SAMPLE;
         let Some(to) = cpu_of(tid).and_then(|cpu| self.by_cpu.get(cpu)).map(|t| t.load(Ordering::Relaxed)) else {
             return false;
         };
@@ -190,18 +190,6 @@ impl Watch {
     #[cfg(test)]
     fn leader(&self) -> Option<usize> {
         Some(self.leader.load(Ordering::Acquire)).filter(|&l| l != ALL)
-    }
-}
-
-/// One fault thread's look at where the program thread it serves runs.
-pub(crate) struct Look {
-    /// Not before this.
-    next: Instant,
-}
-
-impl Look {
-    pub(crate) fn new() -> Look {
-        Look { next: Instant::now() }
     }
 }
 
@@ -282,14 +270,14 @@ mod tests {
             rx.recv().unwrap();
         });
         let tid = tid_rx.recv().unwrap();
-        let mut look = Look::new();
+        let mut look = Instant::now();
         assert!(!w.follow(1, tid, &mut look));
         assert_eq!(w.leader(), Some(0), "only the leader looks");
         assert!(w.follow(0, tid, &mut look));
         assert_eq!(w.leader(), Some(1));
         assert_eq!(uffd::poll_fds(&[w.bells[1].as_raw_fd()], 0).unwrap(), 1, "thread 1 was rung");
         // Thread 1 is on the program's CPU already: it keeps the lead.
-        assert!(!w.follow(1, tid, &mut Look::new()));
+        assert!(!w.follow(1, tid, &mut Instant::now()));
         assert_eq!(w.leader(), Some(1));
         tx.send(()).unwrap();
         program.join().unwrap();
