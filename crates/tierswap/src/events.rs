@@ -617,8 +617,10 @@ impl Child {
         let e = s.swap.lock(slot);
         if e.count() < MAX_COUNT {
             s.swap.unlock(slot, e, e.with_count(e.count() + 1));
+            s.counters.fork_shared_slots.fetch_add(1, Ordering::Relaxed);
             return Some(Src::Slot(slot));
         }
+        s.counters.fork_copied_pages.fetch_add(1, Ordering::Relaxed);
         let buf = scratch.page.as_mut_slice();
         let res =
             crate::fault::read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed, &scratch.remote);
@@ -676,6 +678,7 @@ fn fork(s: &Arc<Shared>, child_uffd: Uffd) {
                     PteState::Staged => {
                         // SAFETY: the staged page's bytes in the mirror, under its pte lock.
                         let page = unsafe { std::slice::from_raw_parts(r.mirror_addr(i) as *const u8, PAGE_SIZE) };
+                        s.counters.fork_copied_pages.fetch_add(1, Ordering::Relaxed);
                         Some(child.add_copy(page))
                     }
                     _ => None,
@@ -733,6 +736,7 @@ fn serve_child(s: &Arc<Shared>, mut child: Child, mut scratch: crate::fault::Scr
         }
         for ev in events.drain(..) {
             match ev {
+                Event::PageFault { addr, wp: true, .. } => serve_child_wp_fault(s, &child, addr),
                 Event::PageFault { addr, write, .. } => serve_child_fault(s, &mut child, addr, write, &mut scratch),
                 Event::Remove { start, end } | Event::Unmap { start, end } => child.drop_range(s, start, end),
                 Event::Remap { from, to, len } => {
@@ -765,6 +769,26 @@ fn serve_child(s: &Arc<Shared>, mut child: Child, mut scratch: crate::fault::Scr
         }
     }
     child.release(s);
+}
+
+/// A write to a page the child shares with the parent, present and clean in the parent at
+/// the fork: the kernel copied the parent's write protection (kept-slot pages) into the
+/// child's page table along with the page. The child's bytes are right; only the
+/// protection is the parent's, and nothing of the child's depends on it. Lifted for the
+/// whole 64 KiB block (a writer of one page of a block usually writes the rest; pages of
+/// it that are missing in the child are left as they are), and the writer woken.
+fn serve_child_wp_fault(s: &Shared, child: &Child, addr: usize) {
+    s.counters.child_wp_faults.fetch_add(1, Ordering::Relaxed);
+    let block = BLOCK_PAGES * PAGE_SIZE;
+    let start = addr & !(block - 1);
+    if child.uffd.writeprotect(start, block, false, false).is_err() {
+        // Part of the block is not registered in the child (an unmap, a region's edge):
+        // the faulting page alone.
+        let page_addr = addr & !(PAGE_SIZE - 1);
+        if child.uffd.writeprotect(page_addr, PAGE_SIZE, false, false).is_err() {
+            let _ = child.uffd.wake(page_addr, PAGE_SIZE);
+        }
+    }
 }
 
 /// Installs the child's page at `addr` from its fork-time source.

@@ -181,6 +181,13 @@ counters! {
     move_uncounted,
     /// Pages of forked children served from the parent's swap.
     child_faults,
+    /// Swapped pages a fork shared with the child by slot (a swap count more).
+    fork_shared_slots,
+    /// Pages a fork copied for the child: staged ones, and slots whose count was full.
+    fork_copied_pages,
+    /// Writes of forked children to pages they share with the parent that were present and
+    /// clean (write-protected) at the fork: the protection lifted in the child.
+    child_wp_faults,
     /// Faults on registered memory the pager does not manage (the part an mremap grew),
     /// served with a zero page.
     faults_unmanaged,
