@@ -53,8 +53,6 @@
 //!   Otherwise the message outlived its page (queued before an munmap or mremap, read
 //!   after) and the address may be another mapping's by now: it is only woken.
 
-use std::collections::BTreeMap;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -63,10 +61,9 @@ use crate::fault::put_slot;
 use crate::page::{pages_to_bytes, BLOCK_PAGES, PAGE_SIZE};
 use crate::pager::{Piece, RegionInner, Shared};
 use crate::pagetable::{Pte, PteState, PTES_PER_CHUNK};
-use crate::swap::entry::MAX_COUNT;
 use crate::sys;
 use crate::trail::What;
-use crate::uffd::{self, features, Event, RegisterMode, Uffd};
+use crate::uffd::{self, features, Event, RegisterMode};
 
 /// Features of the program ranges' userfaultfd.
 /// THREAD_ID: a fault message names its thread, so a fault of the thread that is forking can
@@ -224,7 +221,7 @@ pub(crate) fn handle_event(s: &Arc<Shared>, ev: Event) {
         }
         Event::Fork { uffd } => {
             s.counters.event_fork.fetch_add(1, Ordering::Relaxed);
-            fork(s, uffd);
+            crate::child::fork(s, uffd);
         }
         Event::Unknown(_) | Event::PageFault { .. } => {}
     }
@@ -562,284 +559,6 @@ pub(crate) fn teardown(s: &Shared, r: &RegionInner) {
     }
     drop(guard);
     s.refresh_metadata();
-}
-
-// ---------------------------------------------------------------------------------------
-// fork
-//
-// With EVENT_FORK the kernel gives the parent's pager the child's userfaultfd, the child's
-// copies of the program ranges registered with it. Present pages the kernel shares
-// copy-on-write; missing ones (swapped, staged: mirrors are MADV_DONTFORK) fault to us.
-//
-// The snapshot is taken when the FORK event is handled: while it is queued the parent's
-// own installs fail with EAGAIN (the kernel raises mmap_changing), so no page becomes
-// present meanwhile; a staged page evicted meanwhile has the same bytes in its slot. So
-// the ptes seen then are the ptes at fork. Between the read (which lets the fork finish)
-// and the snapshot, forkgate.rs keeps installs away for glibc's fork(): the reader holds
-// the event lock from before the fork until the snapshot is taken, and no fault is served
-// meanwhile. Swapped pages: the child takes a reference on
-// the slot (the swap count), and the parent's swap-in or discard only drops its own.
-// Staged pages are copied at once (bounded by the inactive list). Nothing is read from
-// swap until the child touches a page: fork + exec costs one walk of the page tables.
-//
-// One thread per child serves its faults and events; when the child's mm is gone (exit or
-// exec) it drops every reference the child held. The child's memory is not budgeted.
-// ---------------------------------------------------------------------------------------
-
-/// Where a child's missing page comes from.
-#[derive(Clone, Copy)]
-enum Src {
-    /// A slot the child holds a reference on.
-    Slot(u64),
-    /// A copy in the child's own buffer, at this page index.
-    Copy(usize),
-}
-
-/// A forked child whose missing pages the parent serves.
-struct Child {
-    uffd: Uffd,
-    /// Page address in the child → where its fork-time bytes are.
-    pages: BTreeMap<usize, Src>,
-    /// Copies of pages (staged at fork, or slots whose count is full).
-    copies: Vec<u8>,
-}
-
-impl Child {
-    fn add_copy(&mut self, page: &[u8]) -> Src {
-        let k = self.copies.len() / PAGE_SIZE;
-        self.copies.extend_from_slice(&page[..PAGE_SIZE]);
-        Src::Copy(k)
-    }
-
-    /// Takes another reference on `slot` for this child, or copies its bytes when its
-    /// count is full.
-    fn share_slot(&mut self, s: &Shared, slot: u64, scratch: &mut crate::fault::Scratch) -> Option<Src> {
-        let e = s.swap.lock(slot);
-        if e.count() < MAX_COUNT {
-            s.swap.unlock(slot, e, e.with_count(e.count() + 1));
-            s.counters.fork_shared_slots.fetch_add(1, Ordering::Relaxed);
-            return Some(Src::Slot(slot));
-        }
-        s.counters.fork_copied_pages.fetch_add(1, Ordering::Relaxed);
-        let buf = scratch.page.as_mut_slice();
-        let res =
-            crate::fault::read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed, &scratch.remote);
-        s.swap.unlock(slot, e, e);
-        match res {
-            Ok(true) => Some(self.add_copy(&scratch.page.as_slice()[..PAGE_SIZE])),
-            Ok(false) => None,
-            Err(fail) => {
-                eprintln!("tierswap: a forked child's page (slot {slot}) cannot be read ({fail}); it reads zeros");
-                None
-            }
-        }
-    }
-
-    /// Drops everything in `[start, end)`.
-    fn drop_range(&mut self, s: &Shared, start: usize, end: usize) {
-        let keys: Vec<usize> = self.pages.range(start..end).map(|(&a, _)| a).collect();
-        for a in keys {
-            if let Some(Src::Slot(slot)) = self.pages.remove(&a) {
-                put_slot(s, slot);
-            }
-        }
-    }
-
-    fn release(&mut self, s: &Shared) {
-        for (_, src) in std::mem::take(&mut self.pages) {
-            if let Src::Slot(slot) = src {
-                put_slot(s, slot);
-            }
-        }
-        self.copies = Vec::new();
-    }
-}
-
-/// The FORK event: snapshot what the child cannot see (swapped and staged pages) and start
-/// its server thread.
-fn fork(s: &Arc<Shared>, child_uffd: Uffd) {
-    let mut scratch = match crate::fault::Scratch::new(s.config.file_unit_bytes, 1) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("tierswap: cannot serve a forked child ({e}); its swapped pages read as zeros");
-            return;
-        }
-    };
-    let mut child = Child { uffd: child_uffd, pages: BTreeMap::new(), copies: Vec::new() };
-    for r in s.all_regions() {
-        for c in 0..r.n_pages.div_ceil(PTES_PER_CHUNK) {
-            if !r.ptes.chunk_in_use(c) {
-                continue;
-            }
-            for i in c * PTES_PER_CHUNK..((c + 1) * PTES_PER_CHUNK).min(r.n_pages) {
-                let old = r.ptes.lock(i);
-                let src = match old.state() {
-                    PteState::Swapped => child.share_slot(s, old.payload(), &mut scratch),
-                    PteState::Staged => {
-                        // SAFETY: the staged page's bytes in the mirror, under its pte lock.
-                        let page = unsafe { std::slice::from_raw_parts(r.mirror_addr(i) as *const u8, PAGE_SIZE) };
-                        s.counters.fork_copied_pages.fetch_add(1, Ordering::Relaxed);
-                        Some(child.add_copy(page))
-                    }
-                    _ => None,
-                };
-                r.ptes.unlock(i, old, old);
-                if let Some(src) = src {
-                    child.pages.insert(r.page_addr(i), src);
-                }
-            }
-        }
-    }
-    spawn_child(s, child, scratch);
-}
-
-fn spawn_child(s: &Arc<Shared>, child: Child, scratch: crate::fault::Scratch) {
-    let s2 = s.clone();
-    let mut holder = Some((child, scratch));
-    let res = std::thread::Builder::new().name("tierswap-child".into()).spawn(move || {
-        crate::sys::block_signals();
-        if let Some((child, scratch)) = holder.take() {
-            serve_child(&s2, child, scratch);
-        }
-    });
-    if let Err(e) = res {
-        eprintln!("tierswap: cannot start a thread for a forked child ({e}); its swapped pages read as zeros");
-    }
-}
-
-/// An address no program maps (below any executable, above mmap_min_addr): a zero-page
-/// request there fails with ENOENT while the child lives and ESRCH once its mm is gone,
-/// changing nothing either way.
-const PROBE_ADDR: usize = 0x10000;
-
-/// Serves a forked child until its mm is gone, then drops its references.
-fn serve_child(s: &Arc<Shared>, mut child: Child, mut scratch: crate::fault::Scratch) {
-    let fds = [child.uffd.as_raw_fd(), s.stop_fd.as_raw_fd()];
-    let mut events = Vec::with_capacity(64);
-    loop {
-        if s.shutdown.load(Ordering::Acquire) {
-            break;
-        }
-        let ready = match uffd::poll_fds(&fds, 100) {
-            Ok(r) => r,
-            Err(_) => break,
-        };
-        if ready & 1 == 0 {
-            if matches!(child.uffd.zeropage(PROBE_ADDR, PAGE_SIZE, true), Err(uffd::Error::ProcessGone { .. })) {
-                break;
-            }
-            continue;
-        }
-        events.clear();
-        if child.uffd.read_events(&mut events, 64).is_err() {
-            break;
-        }
-        for ev in events.drain(..) {
-            match ev {
-                Event::PageFault { addr, wp: true, .. } => serve_child_wp_fault(s, &child, addr),
-                Event::PageFault { addr, write, .. } => serve_child_fault(s, &mut child, addr, write, &mut scratch),
-                Event::Remove { start, end } | Event::Unmap { start, end } => child.drop_range(s, start, end),
-                Event::Remap { from, to, len } => {
-                    let moved: Vec<(usize, Src)> = child.pages.range(from..from + len).map(|(&a, &v)| (a, v)).collect();
-                    for (a, v) in moved {
-                        child.pages.remove(&a);
-                        child.pages.insert(a - from + to, v);
-                    }
-                }
-                Event::Fork { uffd } => {
-                    // A grandchild: it shares what this child still has from us.
-                    let mut g = Child { uffd, pages: BTreeMap::new(), copies: Vec::new() };
-                    let entries: Vec<(usize, Src)> = child.pages.iter().map(|(&a, &v)| (a, v)).collect();
-                    for (a, v) in entries {
-                        let src = match v {
-                            Src::Slot(slot) => g.share_slot(s, slot, &mut scratch),
-                            Src::Copy(k) => Some(g.add_copy(&child.copies[k * PAGE_SIZE..(k + 1) * PAGE_SIZE])),
-                        };
-                        if let Some(src) = src {
-                            g.pages.insert(a, src);
-                        }
-                    }
-                    match crate::fault::Scratch::new(s.config.file_unit_bytes, 1) {
-                        Ok(gs) => spawn_child(s, g, gs),
-                        Err(_) => g.release(s),
-                    }
-                }
-                Event::Unknown(_) => {}
-            }
-        }
-    }
-    child.release(s);
-}
-
-/// A write to a page the child shares with the parent, present and clean in the parent at
-/// the fork: the kernel copied the parent's write protection (kept-slot pages) into the
-/// child's page table along with the page. The child's bytes are right; only the
-/// protection is the parent's, and nothing of the child's depends on it. Lifted for the
-/// whole 64 KiB block (a writer of one page of a block usually writes the rest; pages of
-/// it that are missing in the child are left as they are), and the writer woken.
-fn serve_child_wp_fault(s: &Shared, child: &Child, addr: usize) {
-    s.counters.child_wp_faults.fetch_add(1, Ordering::Relaxed);
-    let block = BLOCK_PAGES * PAGE_SIZE;
-    let start = addr & !(block - 1);
-    if child.uffd.writeprotect(start, block, false, false).is_err() {
-        // Part of the block is not registered in the child (an unmap, a region's edge):
-        // the faulting page alone.
-        let page_addr = addr & !(PAGE_SIZE - 1);
-        if child.uffd.writeprotect(page_addr, PAGE_SIZE, false, false).is_err() {
-            let _ = child.uffd.wake(page_addr, PAGE_SIZE);
-        }
-    }
-}
-
-/// Installs the child's page at `addr` from its fork-time source.
-fn serve_child_fault(s: &Shared, child: &mut Child, addr: usize, write: bool, scratch: &mut crate::fault::Scratch) {
-    static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
-    let page_addr = addr & !(PAGE_SIZE - 1);
-    let src = child.pages.get(&page_addr).copied();
-    let res = match src {
-        Some(Src::Slot(slot)) => {
-            let e = s.swap.lock(slot);
-            let buf = scratch.page.as_mut_slice();
-            let read =
-                crate::fault::read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed, &scratch.remote);
-            s.swap.unlock(slot, e, e);
-            match read {
-                Ok(true) => child.uffd.copy(page_addr, &scratch.page.as_slice()[..PAGE_SIZE], false, false),
-                Ok(false) if write => child.uffd.copy(page_addr, &ZERO_PAGE, false, false),
-                Ok(false) => child.uffd.zeropage(page_addr, PAGE_SIZE, false),
-                Err(fail) => {
-                    eprintln!(
-                        "tierswap: a forked child's page at {page_addr:#x} cannot be read ({fail}); it gets SIGBUS"
-                    );
-                    child.uffd.poison(page_addr, PAGE_SIZE, false)
-                }
-            }
-        }
-        Some(Src::Copy(k)) => {
-            child.uffd.copy(page_addr, &child.copies[k * PAGE_SIZE..(k + 1) * PAGE_SIZE], false, false)
-        }
-        None if write => child.uffd.copy(page_addr, &ZERO_PAGE, false, false),
-        None => child.uffd.zeropage(page_addr, PAGE_SIZE, false),
-    };
-    match res {
-        Ok(_) | Err(uffd::Error::PageExist { .. }) => {
-            if res.is_err() {
-                let _ = child.uffd.wake(page_addr, PAGE_SIZE);
-            }
-            // The child has its page: its reference goes.
-            if let Some(Src::Slot(slot)) = child.pages.remove(&page_addr) {
-                put_slot(s, slot);
-            }
-            if src.is_some() {
-                s.counters.child_faults.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        // An event of the child's is queued (read next round), or the range went away:
-        // the thread faults again, or not at all.
-        Err(_) => {
-            let _ = child.uffd.wake(page_addr, PAGE_SIZE);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+mod child;
 pub mod config;
 pub mod control;
 pub mod events;

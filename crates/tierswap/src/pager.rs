@@ -413,6 +413,8 @@ pub(crate) struct Shared {
     pub(crate) forker_waiting: AtomicBool,
     /// Fault threads past their start (their last allocation outside a busy section).
     pub(crate) started: (Mutex<usize>, Condvar),
+    /// Forked children served by this pager (child.rs).
+    pub(crate) children: crate::child::Children,
 }
 
 /// Gives the calling background thread (`what`: reclaim, writeback) the configured nice
@@ -891,6 +893,8 @@ struct Threads {
 
 impl Drop for Threads {
     fn drop(&mut self) {
+        // Forked children get every page they still need from us while we can serve it.
+        crate::child::hand_over(&self.shared);
         if let Some(place) = self.signal_place.take() {
             crate::sigbus::unregister(place);
         }
@@ -905,6 +909,7 @@ impl Drop for Threads {
         for h in self.handles.drain(..) {
             let _ = h.join();
         }
+        crate::child::close(&self.shared);
     }
 }
 
@@ -951,6 +956,8 @@ impl Pager {
         let sigbus_feature = if signal { uffd::features::SIGBUS } else { 0 };
         let uffd = Uffd::new(crate::events::PROGRAM_FEATURES | sigbus_feature, true)?;
         let mirror_uffd = Uffd::new(uffd::features::MOVE, true)?;
+        let children = crate::child::Children::new(&uffd, signal)
+            .map_err(io_err("cannot set up the service of forked children"))?;
         let pool = Pool::new((config.budget_bytes as usize).saturating_mul(8).max(4 << 30))
             .map_err(io_err("cannot reserve address space for the compressed pool"))?;
         let file = if config.tiers.file {
@@ -1045,7 +1052,9 @@ impl Pager {
             fork_hold: AtomicU32::new(0),
             forker_waiting: AtomicBool::new(false),
             started: (Mutex::new(0), Condvar::new()),
+            children,
         });
+        crate::child::note_pager(&shared);
         shared.refresh_metadata();
         let mut handles = Vec::new();
         for i in 0..n_fault {

@@ -22,7 +22,7 @@
 //! [`serve`] first (or chain to the previous handler) for signals it does not expect.
 
 use std::ptr;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Once, OnceLock};
 
 use crate::pager::Shared;
@@ -38,13 +38,20 @@ struct Entry {
     users: AtomicUsize,
     /// The pid that registered it. A forked child inherits the table but not the pager's
     /// threads, and its pager's userfaultfd installs pages in the *parent*: the child's
-    /// handler must leave those entries alone.
+    /// handler does not serve those entries itself, it asks the parent's pager (child.rs).
     pid: AtomicI32,
+    /// In a forked child: its link to the parent's pager (pid << 32 | socket; another
+    /// pid's is an ancestor's, inherited).
+    link: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
-const EMPTY: Entry =
-    Entry { shared: AtomicPtr::new(ptr::null_mut()), users: AtomicUsize::new(0), pid: AtomicI32::new(0) };
+const EMPTY: Entry = Entry {
+    shared: AtomicPtr::new(ptr::null_mut()),
+    users: AtomicUsize::new(0),
+    pid: AtomicI32::new(0),
+    link: AtomicU64::new(0),
+};
 static PAGERS: [Entry; MAX_PAGERS] = [EMPTY; MAX_PAGERS];
 
 static INSTALL: Once = Once::new();
@@ -111,6 +118,7 @@ fn install() -> std::io::Result<()> {
                 return;
             }
             let _ = PREVIOUS.set(old);
+            libc::pthread_atfork(Some(before_fork), None, None);
         }
     });
     result?;
@@ -179,7 +187,33 @@ pub unsafe fn serve(info: *const libc::siginfo_t, ctx: *mut libc::c_void) -> boo
             }
         }
     }
+    // A forked child: the fault is on memory a parent's pager served (the child has no
+    // pager threads); that pager serves it through the child's userfaultfd.
+    for e in &PAGERS {
+        let raw = e.shared.load(Ordering::SeqCst);
+        let theirs = e.pid.load(Ordering::SeqCst);
+        // SAFETY: in a forked child the table and the pagers it points at are the child's
+        // copies, which nothing of the child frees; only the link's immutable parts and
+        // its own atomics are read (child::ask_parent).
+        if !raw.is_null() && theirs != pid && crate::child::ask_parent(unsafe { &*raw }, &e.link, addr, access) {
+            return true;
+        }
+    }
     false
+}
+
+/// fork's prepare handler: a forked child of a signal-mode pager claims its link before
+/// it forks in turn (child::claim_before_fork).
+extern "C" fn before_fork() {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    for e in &PAGERS {
+        let raw = e.shared.load(Ordering::SeqCst);
+        if !raw.is_null() && e.pid.load(Ordering::SeqCst) != pid {
+            // SAFETY: as in `serve`: the child's own copy, never freed in the child.
+            crate::child::claim_before_fork(unsafe { &*raw }, &e.link);
+        }
+    }
 }
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {

@@ -153,6 +153,103 @@ pub fn eventfd_drain(fd: BorrowedFd<'_>) {
     unsafe { libc::read(fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
 }
 
+/// A pair of connected Unix `SOCK_SEQPACKET` sockets (message boundaries kept), blocking,
+/// closed on exec. Async-signal-safe (one system call).
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1i32; 2];
+    // SAFETY: socketpair writes two new descriptors into our array of two.
+    let rc = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are fresh and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Sends one message `msg` on socket `fd`, with descriptor `pass` attached (SCM_RIGHTS)
+/// when given. Retried on EINTR. Async-signal-safe: no allocation, system calls only.
+pub fn send_msg(fd: i32, msg: &[u8], pass: Option<i32>) -> io::Result<usize> {
+    // Room for one descriptor's control message (CMSG_SPACE(4) is 16 on 64-bit Linux).
+    let mut control = [0u64; 4];
+    let mut iov = libc::iovec { iov_base: msg.as_ptr() as *mut libc::c_void, iov_len: msg.len() };
+    // SAFETY: msghdr is plain data; every pointer we set points at live locals of the right
+    // size, and CMSG_* walk only the control buffer we give.
+    unsafe {
+        let mut hdr: libc::msghdr = std::mem::zeroed();
+        hdr.msg_iov = &mut iov;
+        hdr.msg_iovlen = 1;
+        if let Some(pass) = pass {
+            hdr.msg_control = control.as_mut_ptr().cast();
+            hdr.msg_controllen = libc::CMSG_SPACE(4) as usize;
+            let c = libc::CMSG_FIRSTHDR(&hdr);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<i32>(), pass);
+        }
+        loop {
+            let n = libc::sendmsg(fd, &hdr, libc::MSG_NOSIGNAL);
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Receives one message from socket `fd` into `buf`, and the descriptor it carries, if any
+/// (closed on exec). `Ok((0, None))` at end of stream. `dontwait`: EAGAIN when nothing is
+/// queued, instead of waiting. Retried on EINTR; async-signal-safe.
+pub fn recv_msg(fd: i32, buf: &mut [u8], dontwait: bool) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut control = [0u64; 4];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: as in send_msg; a descriptor the kernel put in the control message is new
+    // and ours alone.
+    unsafe {
+        let mut hdr: libc::msghdr = std::mem::zeroed();
+        hdr.msg_iov = &mut iov;
+        hdr.msg_iovlen = 1;
+        hdr.msg_control = control.as_mut_ptr().cast();
+        hdr.msg_controllen = std::mem::size_of_val(&control);
+        let flags = libc::MSG_CMSG_CLOEXEC | if dontwait { libc::MSG_DONTWAIT } else { 0 };
+        let n = loop {
+            let n = libc::recvmsg(fd, &mut hdr, flags);
+            if n >= 0 {
+                break n as usize;
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err(e);
+            }
+        };
+        let mut passed = None;
+        let c = libc::CMSG_FIRSTHDR(&hdr);
+        if !c.is_null() && (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+            let fd = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<i32>());
+            passed = Some(OwnedFd::from_raw_fd(fd));
+        }
+        Ok((n, passed))
+    }
+}
+
+/// Reads `buf.len()` bytes of this process's own memory at `addr` without faulting on it:
+/// `process_vm_readv` on ourselves. A page registered on a userfaultfd in SIGBUS mode
+/// that is still missing answers EFAULT instead of raising SIGBUS. Async-signal-safe.
+pub fn read_own_memory(addr: usize, buf: &mut [u8]) -> io::Result<usize> {
+    let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: buf.len() };
+    // SAFETY: the local iovec is our live buffer; the kernel checks the remote one and
+    // reports EFAULT for what it cannot read.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
 /// The CPU the calling thread runs on (it may have moved by the time the caller looks).
 pub fn current_cpu() -> Option<usize> {
     // SAFETY: sched_getcpu takes nothing and returns a CPU number or -1.

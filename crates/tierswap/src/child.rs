@@ -1,0 +1,812 @@
+//! Forked children: the parent's pager serves the pages a child cannot see.
+//!
+//! Owns: the fork snapshot, one server thread per child, the hand-over of a child's pages
+//! when the parent goes, and (signal mode) the link a child asks for its pages through.
+//! Calls: the page table and the swap space (`fault::read_entry`, `fault::put_slot`), `uffd`
+//! on the child's userfaultfd, `sys` for the link's sockets.
+//!
+//! With EVENT_FORK the kernel gives the parent's pager the child's userfaultfd, the child's
+//! copies of the program ranges registered with it. Present pages the kernel shares
+//! copy-on-write; missing ones (swapped, staged: mirrors are MADV_DONTFORK) fault to us.
+//! A page present and clean in the parent (write-protected, keeping its slot) comes to the
+//! child with its write protection: the child's first write to it is a write-protect fault,
+//! and lifting the protection is all it needs (the bytes are right).
+//!
+//! The snapshot is taken when the FORK event is handled: while it is queued the parent's
+//! own installs fail with EAGAIN (the kernel raises mmap_changing), so no page becomes
+//! present meanwhile; a staged page evicted meanwhile has the same bytes in its slot. So
+//! the ptes seen then are the ptes at fork. Between the read (which lets the fork finish)
+//! and the snapshot, forkgate.rs keeps installs away for glibc's fork(): the reader holds
+//! the event lock from before the fork until the snapshot is taken, and no fault is served
+//! meanwhile. Swapped pages: the child takes a reference on the slot (the swap count), and
+//! the parent's swap-in or discard only drops its own, so a page shared by parent and child
+//! is stored once. Staged pages are copied at once (bounded by the inactive list). Nothing
+//! is read from swap until the child touches a page: fork + exec costs one walk of the
+//! page tables.
+//!
+//! One thread per child serves its faults and events; when the child's mm is gone (exit or
+//! exec) it drops every reference the child held. The child's memory is not budgeted.
+//!
+//! **Hand-over.** The child's userfaultfd lives in the parent: when the parent exits, the
+//! kernel unregisters the child's ranges and a page the child has not had yet would read
+//! as zeros. So before the parent's pager goes (its `Pager` dropped, or the process calling
+//! `exit`), every child server installs all the pages its child still needs, then stops
+//! ([`Children::hand_over`]). A parent killed by a signal cannot do that.
+//!
+//! **Signal mode.** A child's userfaultfd inherits UFFD_FEATURE_SIGBUS: its faults raise
+//! SIGBUS in the child instead of queueing a message, and the child has no pager threads.
+//! Its SIGBUS handler asks the parent's pager over a socket ([`ask_parent`]), which installs
+//! the page through the child's userfaultfd and answers. Which userfaultfd is the child's
+//! is told by a mailbox: one page registered on the pager's userfaultfd that the parent
+//! never touches, so it is missing in every child too; the fork handler installs in the
+//! child's copy the child's id. The child reads it without faulting (`process_vm_readv` of
+//! itself answers EFAULT until it is there), writes its pid into it (its own copy: a claim
+//! a grandchild inherits and so cannot take over), and sends the id with one end of a
+//! socket pair of its own to the pager over a socket every child inherits. Grandchildren of
+//! a signal-mode pager are not served: their faults on swapped pages end them with SIGBUS.
+//!
+//! ```text
+//!  mailbox page (the child's copy)      hello (child → pager), with SCM_RIGHTS
+//!  +--------+--------+----------+       +--------+--------+------+
+//!  | MAGIC  |   id   | claim pid|       | MAGIC  |   id   | pid  |   3 × u64
+//!  +--------+--------+----------+       +--------+--------+------+
+//!  request: | addr | flags (1 write, 2 present page) |   reply: | status (0 retry, 1 not ours) |
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use crate::fault::{put_slot, read_entry, Scratch};
+use crate::page::{BLOCK_PAGES, PAGE_SIZE};
+use crate::pager::Shared;
+use crate::pagetable::{PteState, PTES_PER_CHUNK};
+use crate::swap::entry::MAX_COUNT;
+use crate::sys;
+use crate::uffd::{self, Event, RegisterMode, Uffd};
+
+/// "tswchild" in ASCII: the mailbox and the hello begin with it.
+const MAGIC: u64 = u64::from_be_bytes(*b"tswchild");
+/// Request flag: a write access.
+const REQ_WRITE: u64 = 1;
+/// Request flag: the page was present (a write-protect fault).
+const REQ_PRESENT: u64 = 2;
+/// Reply: retry the access (served, or to be served once an event is handled).
+const REPLY_RETRY: u64 = 0;
+/// Reply: the address is not this pager's: the SIGBUS is the program's.
+const REPLY_NOT_OURS: u64 = 1;
+/// How long a child waits for its mailbox (installed when the parent handles the fork).
+const MAILBOX_WAIT: Duration = Duration::from_secs(5);
+
+/// Where a child's missing page comes from.
+#[derive(Clone, Copy)]
+enum Src {
+    /// A slot the child holds a reference on.
+    Slot(u64),
+    /// A copy in the child's own buffer, at this page index.
+    Copy(usize),
+}
+
+/// A forked child whose missing pages the parent serves.
+struct Child {
+    uffd: Uffd,
+    /// Page address in the child → where its fork-time bytes are.
+    pages: BTreeMap<usize, Src>,
+    /// Copies of pages (staged at fork, or slots whose count is full).
+    copies: Vec<u8>,
+    /// Signal mode: the id in the child's mailbox (0: none, its faults are not served).
+    id: u64,
+    /// Signal mode: the child's end of its link, once its hello came.
+    link: Option<OwnedFd>,
+}
+
+/// What installing one of a child's pages came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Install {
+    /// The page is in the child now.
+    Done,
+    /// The child had a page there already.
+    Exists,
+    /// An event of the child's is queued (the kernel answered EAGAIN): after it.
+    Retry,
+    /// The address is not registered in the child (unmapped, or never ours).
+    NotMapped,
+    /// The child's mm is gone.
+    Gone,
+}
+
+/// Where a served child's link is.
+enum Mail {
+    /// No hello yet.
+    Waiting,
+    /// Its hello came to another child's server: the link waits for its own.
+    Queued(OwnedFd),
+    /// Its server has it (a later hello for the id is refused).
+    Linked,
+}
+
+/// The children a pager serves: a part of [`Shared`].
+pub(crate) struct Children {
+    /// Child servers running; [`Children::hand_over`] waits for none. Guarded by its mutex.
+    live: (Mutex<usize>, Condvar),
+    /// The parent's pager is going: servers install everything their child still needs,
+    /// then stop.
+    handing_over: AtomicBool,
+    /// Rung (and left ringing) with `handing_over`: every server polls it.
+    bell: OwnedFd,
+    /// The process the pager runs in: a forked copy of this state does nothing.
+    owner_pid: i32,
+    /// Signal mode: how children ask for their pages.
+    link: Option<Link>,
+}
+
+/// Signal mode's link between children and the parent's pager.
+struct Link {
+    /// The mailbox page (see the module comment).
+    mailbox: usize,
+    /// The mailbox is mapped (until the pager is dropped).
+    mailbox_open: AtomicBool,
+    /// Children send their hello here; every child inherits it.
+    hello_tx: OwnedFd,
+    /// The pager's end: child servers read hellos from it.
+    hello_rx: OwnedFd,
+    /// The next child's id (from 1).
+    next_id: AtomicU64,
+    /// The children served now, by id, and where their link is. Guarded by its mutex.
+    inbox: Mutex<HashMap<u64, Mail>>,
+    /// Rung when `inbox` gains a link.
+    inbox_bell: OwnedFd,
+}
+
+impl Children {
+    /// For a pager whose program ranges report to `uffd`; `signal`: a link for children.
+    pub(crate) fn new(uffd: &Uffd, signal: bool) -> std::io::Result<Children> {
+        let link = if signal { Some(Link::new(uffd)?) } else { None };
+        register_exit_hook();
+        Ok(Children {
+            live: (Mutex::new(0), Condvar::new()),
+            handing_over: AtomicBool::new(false),
+            bell: sys::eventfd()?,
+            // SAFETY: getpid has no preconditions.
+            owner_pid: unsafe { libc::getpid() },
+            link,
+        })
+    }
+}
+
+/// Hands every child of `s` the pages it still needs and stops serving them; returns once
+/// every child server has stopped. For a parent about to exit or drop its pager (see the
+/// module comment). Does nothing in a forked copy of the pager.
+pub(crate) fn hand_over(s: &Shared) {
+    s.children.hand_over(|| s.sync_events());
+}
+
+/// The pager is being dropped (its children handed over): the mailbox goes. Unregistered
+/// first: an unmap of registered memory waits for its UNMAP event to be read, and the
+/// fault threads that read events are gone.
+pub(crate) fn close(s: &Shared) {
+    if let Some(l) = &s.children.link {
+        if l.mailbox_open.swap(false, Ordering::AcqRel) {
+            let _ = s.uffd.unregister(l.mailbox, PAGE_SIZE);
+            // SAFETY: the mailbox is the link's own mapping; nothing of this process
+            // touches it.
+            unsafe {
+                let _ = sys::munmap(l.mailbox, PAGE_SIZE);
+            }
+        }
+    }
+}
+
+impl Children {
+    fn hand_over(&self, sync_events: impl FnOnce()) {
+        // SAFETY: getpid has no preconditions.
+        if unsafe { libc::getpid() } != self.owner_pid {
+            return;
+        }
+        // A fork that returned has had its message read, maybe not handled: once the
+        // events read so far are handled, every child has its server.
+        sync_events();
+        self.handing_over.store(true, Ordering::Release);
+        sys::eventfd_ring(self.bell.as_fd());
+        let (m, cv) = &self.live;
+        let mut live = m.lock().unwrap_or_else(|e| e.into_inner());
+        while *live > 0 {
+            live = cv.wait(live).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn server_started(&self) {
+        *self.live.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+    }
+
+    fn server_stopped(&self) {
+        let (m, cv) = &self.live;
+        let mut live = m.lock().unwrap_or_else(|e| e.into_inner());
+        *live -= 1;
+        cv.notify_all();
+    }
+}
+
+impl Link {
+    fn new(uffd: &Uffd) -> std::io::Result<Link> {
+        let mailbox = sys::mmap_reserve(PAGE_SIZE)?;
+        let mode = RegisterMode { missing: true, wp: false, minor: false };
+        if let Err(e) = uffd.register(mailbox, PAGE_SIZE, mode) {
+            // SAFETY: our fresh, unused mapping.
+            unsafe {
+                let _ = sys::munmap(mailbox, PAGE_SIZE);
+            }
+            return Err(std::io::Error::other(format!("cannot register the forked children's mailbox: {e}")));
+        }
+        let (hello_rx, hello_tx) = sys::seqpacket_pair()?;
+        Ok(Link {
+            mailbox,
+            mailbox_open: AtomicBool::new(true),
+            hello_tx,
+            hello_rx,
+            next_id: AtomicU64::new(1),
+            inbox: Mutex::new(HashMap::new()),
+            inbox_bell: sys::eventfd()?,
+        })
+    }
+}
+
+/// Pagers of this process, for the exit hook. Guarded by its mutex.
+static PAGERS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+/// The process that registered the exit hook: a forked child inherits the hook, and its
+/// copy of the pagers serves nobody.
+static HOOK_PID: AtomicI32 = AtomicI32::new(0);
+static EXIT_HOOK: std::sync::Once = std::sync::Once::new();
+
+/// Registers `s` for the hand-over at exit.
+pub(crate) fn note_pager(s: &Arc<Shared>) {
+    let mut v = PAGERS.lock().unwrap_or_else(|e| e.into_inner());
+    v.retain(|w| w.strong_count() > 0);
+    v.push(Arc::downgrade(s));
+}
+
+fn register_exit_hook() {
+    EXIT_HOOK.call_once(|| {
+        // SAFETY: getpid has no preconditions; atexit registers a plain extern "C" fn
+        // with no arguments.
+        unsafe {
+            HOOK_PID.store(libc::getpid(), Ordering::Relaxed);
+            libc::atexit(hand_over_at_exit);
+        }
+    });
+}
+
+/// At `exit`: every live pager of this process hands its children their pages.
+extern "C" fn hand_over_at_exit() {
+    // SAFETY: getpid has no preconditions.
+    if unsafe { libc::getpid() } != HOOK_PID.load(Ordering::Relaxed) {
+        // A forked child's exit: its copy of the list may even be locked for good.
+        return;
+    }
+    let pagers: Vec<Arc<Shared>> =
+        PAGERS.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
+    for s in pagers {
+        hand_over(&s);
+    }
+}
+
+/// The FORK event: snapshot what the child cannot see (swapped and staged pages) and start
+/// its server thread.
+pub(crate) fn fork(s: &Arc<Shared>, child_uffd: Uffd) {
+    let mut scratch = match Scratch::new(s.config.file_unit_bytes, 1) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("tierswap: cannot serve a forked child ({e}); its swapped pages read as zeros");
+            return;
+        }
+    };
+    let mut child = Child { uffd: child_uffd, pages: BTreeMap::new(), copies: Vec::new(), id: 0, link: None };
+    for r in s.all_regions() {
+        for c in 0..r.n_pages.div_ceil(PTES_PER_CHUNK) {
+            if !r.ptes.chunk_in_use(c) {
+                continue;
+            }
+            for i in c * PTES_PER_CHUNK..((c + 1) * PTES_PER_CHUNK).min(r.n_pages) {
+                let old = r.ptes.lock(i);
+                let src = match old.state() {
+                    PteState::Swapped => child.share_slot(s, old.payload(), &mut scratch),
+                    PteState::Staged => {
+                        // SAFETY: the staged page's bytes in the mirror, under its pte lock.
+                        let page = unsafe { std::slice::from_raw_parts(r.mirror_addr(i) as *const u8, PAGE_SIZE) };
+                        s.counters.fork_copied_pages.fetch_add(1, Ordering::Relaxed);
+                        Some(child.add_copy(page))
+                    }
+                    _ => None,
+                };
+                r.ptes.unlock(i, old, old);
+                if let Some(src) = src {
+                    child.pages.insert(r.page_addr(i), src);
+                }
+            }
+        }
+    }
+    if let Some(l) = &s.children.link {
+        child.id = l.post_mailbox(&child.uffd);
+    }
+    spawn_server(s, child, scratch);
+}
+
+impl Link {
+    /// Installs a new id in the child's mailbox and enters it in the inbox; 0 when the
+    /// mailbox cannot be installed (the child's faults then end it with SIGBUS).
+    fn post_mailbox(&self, child_uffd: &Uffd) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut page = [0u8; PAGE_SIZE];
+        page[..8].copy_from_slice(&MAGIC.to_ne_bytes());
+        page[8..16].copy_from_slice(&id.to_ne_bytes());
+        for _ in 0..1000 {
+            match child_uffd.copy(self.mailbox, &page, false, false) {
+                Ok(_) => {
+                    self.inbox.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Mail::Waiting);
+                    return id;
+                }
+                // The child's mm is changing (an event of its queued): again shortly.
+                Err(uffd::Error::Again { .. }) => std::thread::sleep(Duration::from_micros(100)),
+                Err(e) => {
+                    eprintln!("tierswap: cannot tell a forked child who it is ({e}); its swapped pages give it SIGBUS");
+                    return 0;
+                }
+            }
+        }
+        0
+    }
+}
+
+impl Child {
+    fn add_copy(&mut self, page: &[u8]) -> Src {
+        let k = self.copies.len() / PAGE_SIZE;
+        self.copies.extend_from_slice(&page[..PAGE_SIZE]);
+        Src::Copy(k)
+    }
+
+    /// Takes another reference on `slot` for this child, or copies its bytes when its
+    /// count is full.
+    fn share_slot(&mut self, s: &Shared, slot: u64, scratch: &mut Scratch) -> Option<Src> {
+        let e = s.swap.lock(slot);
+        if e.count() < MAX_COUNT {
+            s.swap.unlock(slot, e, e.with_count(e.count() + 1));
+            s.counters.fork_shared_slots.fetch_add(1, Ordering::Relaxed);
+            return Some(Src::Slot(slot));
+        }
+        s.counters.fork_copied_pages.fetch_add(1, Ordering::Relaxed);
+        let buf = scratch.page.as_mut_slice();
+        let res = read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed, &scratch.remote);
+        s.swap.unlock(slot, e, e);
+        match res {
+            Ok(true) => Some(self.add_copy(&scratch.page.as_slice()[..PAGE_SIZE])),
+            Ok(false) => None,
+            Err(fail) => {
+                eprintln!("tierswap: a forked child's page (slot {slot}) cannot be read ({fail}); it reads zeros");
+                None
+            }
+        }
+    }
+
+    /// Drops everything in `[start, end)`.
+    fn drop_range(&mut self, s: &Shared, start: usize, end: usize) {
+        let keys: Vec<usize> = self.pages.range(start..end).map(|(&a, _)| a).collect();
+        for a in keys {
+            self.forget(s, a);
+        }
+    }
+
+    /// The child has no use for its fork-time page at `addr` any more: its reference goes.
+    fn forget(&mut self, s: &Shared, addr: usize) {
+        if let Some(Src::Slot(slot)) = self.pages.remove(&addr) {
+            put_slot(s, slot);
+        }
+    }
+
+    fn release(&mut self, s: &Shared) {
+        for (_, src) in std::mem::take(&mut self.pages) {
+            if let Src::Slot(slot) = src {
+                put_slot(s, slot);
+            }
+        }
+        self.copies = Vec::new();
+    }
+
+    /// A grandchild: it shares what this child still has from us (thread mode; signal
+    /// mode serves no grandchild, see the module comment).
+    fn fork(&self, s: &Arc<Shared>, uffd: Uffd, scratch: &mut Scratch) {
+        let mut g = Child { uffd, pages: BTreeMap::new(), copies: Vec::new(), id: 0, link: None };
+        for (&a, &v) in &self.pages {
+            let src = match v {
+                Src::Slot(slot) => g.share_slot(s, slot, scratch),
+                Src::Copy(k) => Some(g.add_copy(&self.copies[k * PAGE_SIZE..(k + 1) * PAGE_SIZE])),
+            };
+            if let Some(src) = src {
+                g.pages.insert(a, src);
+            }
+        }
+        match Scratch::new(s.config.file_unit_bytes, 1) {
+            Ok(gs) => spawn_server(s, g, gs),
+            Err(_) => g.release(s),
+        }
+    }
+}
+
+fn spawn_server(s: &Arc<Shared>, child: Child, scratch: Scratch) {
+    let s2 = s.clone();
+    let mut holder = Some((child, scratch));
+    s.children.server_started();
+    let res = std::thread::Builder::new().name("tierswap-child".into()).spawn(move || {
+        sys::block_signals();
+        if let Some((child, scratch)) = holder.take() {
+            serve(&s2, child, scratch);
+        }
+        s2.children.server_stopped();
+    });
+    if let Err(e) = res {
+        s.children.server_stopped();
+        eprintln!("tierswap: cannot start a thread for a forked child ({e}); its swapped pages read as zeros");
+    }
+}
+
+/// An address no program maps (below any executable, above mmap_min_addr): a zero-page
+/// request there fails with ENOENT while the child lives and ESRCH once its mm is gone,
+/// changing nothing either way.
+const PROBE_ADDR: usize = 0x10000;
+
+/// Serves a forked child until its mm is gone (or, handing over, until it has every page
+/// it needs), then drops its references.
+fn serve(s: &Arc<Shared>, mut child: Child, mut scratch: Scratch) {
+    let mut events = Vec::with_capacity(64);
+    let link = s.children.link.as_ref();
+    let none = -1;
+    loop {
+        if s.shutdown.load(Ordering::Acquire) {
+            break;
+        }
+        let handing_over = s.children.handing_over.load(Ordering::Acquire);
+        let fds = [
+            child.uffd.as_raw_fd(),
+            s.stop_fd.as_raw_fd(),
+            s.children.bell.as_raw_fd(),
+            link.map_or(none, |l| l.hello_rx.as_raw_fd()),
+            link.map_or(none, |l| l.inbox_bell.as_raw_fd()),
+            child.link.as_ref().map_or(none, |f| f.as_raw_fd()),
+        ];
+        let ready = match uffd::poll_fds(&fds, if handing_over { 0 } else { 100 }) {
+            Ok(r) => r,
+            Err(_) => break,
+        };
+        if ready == 0 && !handing_over {
+            if matches!(child.uffd.zeropage(PROBE_ADDR, PAGE_SIZE, true), Err(uffd::Error::ProcessGone { .. })) {
+                break;
+            }
+            continue;
+        }
+        if ready & 1 != 0 && !serve_events(s, &mut child, &mut events, &mut scratch) {
+            break;
+        }
+        if let Some(l) = link {
+            if ready & 0b1_1000 != 0 {
+                l.take_hellos(&mut child);
+            }
+            if ready & 0b10_0000 != 0 && !serve_requests(s, &mut child, &mut scratch) {
+                child.link = None;
+            }
+        }
+        if handing_over && !hand_over_some(s, &mut child, &mut scratch) {
+            break;
+        }
+    }
+    if let Some(l) = link {
+        l.inbox.lock().unwrap_or_else(|e| e.into_inner()).remove(&child.id);
+    }
+    child.release(s);
+}
+
+/// Reads and handles the child's queued messages. False once its userfaultfd fails (its
+/// mm is gone).
+fn serve_events(s: &Arc<Shared>, child: &mut Child, events: &mut Vec<Event>, scratch: &mut Scratch) -> bool {
+    events.clear();
+    if child.uffd.read_events(events, 64).is_err() {
+        return false;
+    }
+    for ev in events.drain(..) {
+        match ev {
+            Event::PageFault { addr, wp: true, .. } => lift_protection(s, child, addr),
+            Event::PageFault { addr, write, .. } => {
+                if install(s, child, addr, write, scratch) == Install::Gone {
+                    return false;
+                }
+            }
+            Event::Remove { start, end } | Event::Unmap { start, end } => child.drop_range(s, start, end),
+            Event::Remap { from, to, len } => {
+                let moved: Vec<(usize, Src)> = child.pages.range(from..from + len).map(|(&a, &v)| (a, v)).collect();
+                for (a, v) in moved {
+                    child.pages.remove(&a);
+                    child.pages.insert(a - from + to, v);
+                }
+            }
+            Event::Fork { uffd } => child.fork(s, uffd, scratch),
+            Event::Unknown(_) => {}
+        }
+    }
+    true
+}
+
+/// A write to a page the child shares with the parent, present and clean in the parent at
+/// the fork: the kernel copied the parent's write protection (kept-slot pages) into the
+/// child's page table along with the page. The child's bytes are right; only the
+/// protection is the parent's, and nothing of the child's depends on it. Lifted for the
+/// whole 64 KiB block (a writer of one page of a block usually writes the rest; pages of
+/// it that are missing in the child are left as they are), and the writer woken.
+fn lift_protection(s: &Shared, child: &Child, addr: usize) {
+    s.counters.child_wp_faults.fetch_add(1, Ordering::Relaxed);
+    let block = BLOCK_PAGES * PAGE_SIZE;
+    let start = addr & !(block - 1);
+    if child.uffd.writeprotect(start, block, false, false).is_err() {
+        // Part of the block is not registered in the child (an unmap, a region's edge):
+        // the faulting page alone.
+        let page_addr = addr & !(PAGE_SIZE - 1);
+        if child.uffd.writeprotect(page_addr, PAGE_SIZE, false, false).is_err() {
+            let _ = child.uffd.wake(page_addr, PAGE_SIZE);
+        }
+    }
+}
+
+/// Installs the child's page at `addr` from its fork-time source (a zero page where it has
+/// none), and wakes its waiters.
+fn install(s: &Shared, child: &mut Child, addr: usize, write: bool, scratch: &mut Scratch) -> Install {
+    static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
+    let page_addr = addr & !(PAGE_SIZE - 1);
+    let src = child.pages.get(&page_addr).copied();
+    let res = match src {
+        Some(Src::Slot(slot)) => {
+            let e = s.swap.lock(slot);
+            let buf = scratch.page.as_mut_slice();
+            let read = read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed, &scratch.remote);
+            s.swap.unlock(slot, e, e);
+            match read {
+                Ok(true) => child.uffd.copy(page_addr, &scratch.page.as_slice()[..PAGE_SIZE], false, false),
+                Ok(false) if write => child.uffd.copy(page_addr, &ZERO_PAGE, false, false),
+                Ok(false) => child.uffd.zeropage(page_addr, PAGE_SIZE, false),
+                Err(fail) => {
+                    eprintln!(
+                        "tierswap: a forked child's page at {page_addr:#x} cannot be read ({fail}); it gets SIGBUS"
+                    );
+                    child.uffd.poison(page_addr, PAGE_SIZE, false)
+                }
+            }
+        }
+        Some(Src::Copy(k)) => {
+            child.uffd.copy(page_addr, &child.copies[k * PAGE_SIZE..(k + 1) * PAGE_SIZE], false, false)
+        }
+        None if write => child.uffd.copy(page_addr, &ZERO_PAGE, false, false),
+        None => child.uffd.zeropage(page_addr, PAGE_SIZE, false),
+    };
+    let outcome = match res {
+        Ok(_) => Install::Done,
+        Err(uffd::Error::PageExist { .. }) => {
+            let _ = child.uffd.wake(page_addr, PAGE_SIZE);
+            Install::Exists
+        }
+        Err(uffd::Error::ProcessGone { .. }) => return Install::Gone,
+        // An event of the child's is queued (read next round), or the range went away:
+        // the thread faults again, or not at all.
+        Err(uffd::Error::NoPage { .. } | uffd::Error::Invalid { .. }) => {
+            let _ = child.uffd.wake(page_addr, PAGE_SIZE);
+            return Install::NotMapped;
+        }
+        Err(_) => {
+            let _ = child.uffd.wake(page_addr, PAGE_SIZE);
+            return Install::Retry;
+        }
+    };
+    // The child has its page: its reference goes.
+    if src.is_some() {
+        child.forget(s, page_addr);
+        s.counters.child_faults.fetch_add(1, Ordering::Relaxed);
+    }
+    outcome
+}
+
+/// Handing over: installs up to 64 of the child's remaining pages. False once it has them
+/// all, or its mm is gone.
+fn hand_over_some(s: &Shared, child: &mut Child, scratch: &mut Scratch) -> bool {
+    let batch: Vec<usize> = child.pages.keys().take(64).copied().collect();
+    if batch.is_empty() {
+        return false;
+    }
+    for addr in batch {
+        match install(s, child, addr, false, scratch) {
+            Install::Done | Install::Exists => {}
+            // Not mapped in the child (and no event on its way: that would be EAGAIN):
+            // nothing to hand over there.
+            Install::NotMapped => child.forget(s, addr),
+            // Its events first, next round.
+            Install::Retry => return true,
+            Install::Gone => return false,
+        }
+    }
+    true
+}
+
+impl Link {
+    /// Reads the hellos queued: the link of `child` it keeps, another child's it leaves in
+    /// the inbox for its own server; a hello for an id nobody serves (a grandchild's, with
+    /// its parent's id) is dropped, which the sender reads as "not served".
+    fn take_hellos(&self, child: &mut Child) {
+        let mut buf = [0u8; 24];
+        loop {
+            match sys::recv_msg(self.hello_rx.as_raw_fd(), &mut buf, true) {
+                Ok((24, Some(fd))) => {
+                    let word = |k: usize| u64::from_ne_bytes(buf[k * 8..k * 8 + 8].try_into().unwrap_or([0; 8]));
+                    let (magic, id) = (word(0), word(1));
+                    if magic != MAGIC || id == 0 {
+                        continue;
+                    }
+                    let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(place @ Mail::Waiting) = inbox.get_mut(&id) {
+                        *place = Mail::Queued(fd);
+                        sys::eventfd_ring(self.inbox_bell.as_fd());
+                    }
+                }
+                Ok((0, None)) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        if child.id != 0 && child.link.is_none() {
+            let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(place @ Mail::Queued(_)) = inbox.get_mut(&child.id) {
+                if let Mail::Queued(fd) = std::mem::replace(place, Mail::Linked) {
+                    child.link = Some(fd);
+                }
+            }
+            if !inbox.values().any(|m| matches!(m, Mail::Queued(_))) {
+                sys::eventfd_drain(self.inbox_bell.as_fd());
+            }
+        }
+    }
+}
+
+/// Answers the child's requests queued on its link. False once the child has closed it.
+fn serve_requests(s: &Shared, child: &mut Child, scratch: &mut Scratch) -> bool {
+    let mut buf = [0u8; 16];
+    loop {
+        let Some(fd) = child.link.as_ref().map(|f| f.as_raw_fd()) else { return false };
+        let (addr, flags) = match sys::recv_msg(fd, &mut buf, true) {
+            Ok((16, _)) => (
+                u64::from_ne_bytes(buf[..8].try_into().unwrap_or([0; 8])) as usize,
+                u64::from_ne_bytes(buf[8..].try_into().unwrap_or([0; 8])),
+            ),
+            Ok((0, _)) => return false,
+            Ok(_) => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return true,
+            Err(_) => return false,
+        };
+        let write = flags & REQ_WRITE != 0;
+        let reply = if flags & REQ_PRESENT != 0 {
+            lift_protection(s, child, addr);
+            REPLY_RETRY
+        } else {
+            match install(s, child, addr, write, scratch) {
+                // A page there already, for a write: it can only be one the kernel keeps
+                // write-protected for the child (see `lift_protection`).
+                Install::Exists if write => {
+                    lift_protection(s, child, addr);
+                    REPLY_RETRY
+                }
+                Install::Done | Install::Exists | Install::Retry => REPLY_RETRY,
+                Install::NotMapped | Install::Gone => REPLY_NOT_OURS,
+            }
+        };
+        if sys::send_msg(fd, &reply.to_ne_bytes(), None).is_err() {
+            return false;
+        }
+    }
+}
+
+/// The pid of the process whose thread is asking its parent's pager now (0: nobody). Other
+/// threads of that process wait; a value of another pid was inherited mid-request by a
+/// forked child, which takes it over.
+static ASKING: AtomicI32 = AtomicI32::new(0);
+
+/// In a forked child of a signal-mode pager, from its SIGBUS handler: asks the pager `s`
+/// (the child's copy of the parent's pager) to serve the fault at `addr`. `link` is this
+/// process's link to it (pid << 32 | socket, kept by the caller; another pid's is an
+/// ancestor's). True: served, retry the access; false: not the pager's fault (pass it on).
+/// Async-signal-safe: system calls and atomics only, nothing allocated, no lock of the
+/// parent's taken.
+pub(crate) fn ask_parent(s: &Shared, link: &AtomicU64, addr: usize, access: Option<(bool, bool)>) -> bool {
+    let Some(l) = s.children.link.as_ref() else { return false };
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    loop {
+        match ASKING.compare_exchange(0, pid, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => break,
+            Err(holder) if holder == pid => std::thread::yield_now(),
+            Err(stale) => {
+                if ASKING.compare_exchange(stale, pid, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                    break;
+                }
+            }
+        }
+    }
+    let answer = ask_locked(l, link, pid, addr, access);
+    ASKING.store(0, Ordering::Release);
+    answer
+}
+
+fn ask_locked(l: &Link, link: &AtomicU64, pid: i32, addr: usize, access: Option<(bool, bool)>) -> bool {
+    let word = link.load(Ordering::Acquire);
+    let fd = if word >> 32 == pid as u64 {
+        (word & 0xffff_ffff) as i32
+    } else {
+        match connect(l, pid) {
+            Some(fd) => {
+                link.store((pid as u64) << 32 | fd as u32 as u64, Ordering::Release);
+                fd
+            }
+            None => return false,
+        }
+    };
+    let (write, present) = access.unwrap_or((true, false));
+    let flags = if write { REQ_WRITE } else { 0 } | if present { REQ_PRESENT } else { 0 };
+    let mut req = [0u8; 16];
+    req[..8].copy_from_slice(&(addr as u64).to_ne_bytes());
+    req[8..].copy_from_slice(&flags.to_ne_bytes());
+    if sys::send_msg(fd, &req, None).is_err() {
+        return false;
+    }
+    let mut rep = [0u8; 8];
+    match sys::recv_msg(fd, &mut rep, false) {
+        Ok((8, _)) => u64::from_ne_bytes(rep) == REPLY_RETRY,
+        // The pager is gone, or refused this process (a grandchild).
+        _ => false,
+    }
+}
+
+/// Reads this child's mailbox (waiting for the parent's fork handler to fill it), claims
+/// it and sends the pager its hello. Returns this process's end of the link.
+fn connect(l: &Link, pid: i32) -> Option<i32> {
+    let start = Instant::now();
+    let mut mb = [0u8; 24];
+    while sys::read_own_memory(l.mailbox, &mut mb).ok() != Some(24) {
+        if start.elapsed() > MAILBOX_WAIT {
+            return None;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let word = |k: usize| u64::from_ne_bytes(mb[k * 8..k * 8 + 8].try_into().unwrap_or([0; 8]));
+    let (magic, id, claim) = (word(0), word(1), word(2));
+    if magic != MAGIC || id == 0 || (claim != 0 && claim != pid as u64) {
+        // No id, or an ancestor's: this process is not served.
+        return None;
+    }
+    // SAFETY: the mailbox page is present in this process (read just above), private to it
+    // (a copy the pager installed), and nothing else of this process uses it.
+    unsafe { std::ptr::write_volatile((l.mailbox + 16) as *mut u64, pid as u64) };
+    let (mine, theirs) = sys::seqpacket_pair().ok()?;
+    let mut hello = [0u8; 24];
+    hello[..8].copy_from_slice(&MAGIC.to_ne_bytes());
+    hello[8..16].copy_from_slice(&id.to_ne_bytes());
+    hello[16..].copy_from_slice(&(pid as u64).to_ne_bytes());
+    sys::send_msg(l.hello_tx.as_raw_fd(), &hello, Some(theirs.as_raw_fd())).ok()?;
+    drop(theirs);
+    Some(mine.into_raw_fd())
+}
+
+/// Before a forked child of a signal-mode pager forks in turn: claims its mailbox, so that
+/// its own child, which inherits the claim, is not taken for it. Async-signal-safe.
+pub(crate) fn claim_before_fork(s: &Shared, link: &AtomicU64) {
+    let Some(l) = s.children.link.as_ref() else { return };
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    if link.load(Ordering::Acquire) >> 32 == pid as u64 {
+        return;
+    }
+    if let Some(fd) = connect(l, pid) {
+        link.store((pid as u64) << 32 | fd as u32 as u64, Ordering::Release);
+    }
+}
