@@ -25,6 +25,12 @@ pub const DEFAULT_FAULT_AROUND_MAX_PAGES: u32 = 64;
 pub const MAX_FAULT_AROUND_PAGES: usize = 512;
 /// Largest swap-in a user may ask for: 2 MiB.
 pub const MAX_SWAPIN_PAGES: u32 = 512;
+/// Default cap of the disk readahead window, in pages (128 KiB).
+pub const DEFAULT_READAHEAD_MAX_PAGES: u32 = 32;
+/// Default cap of stride prefetch's window, in pages.
+pub const DEFAULT_STRIDE_PREFETCH_MAX_PAGES: u32 = 32;
+/// Default bytes per file unit (one write).
+pub const DEFAULT_FILE_UNIT_BYTES: usize = 64 << 10;
 
 /// How a region will be accessed (the `madvise` hint analogue); steers large swap-in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -461,10 +467,10 @@ impl Default for PagerConfig {
             pool_max_bytes: None,
             swap_dir: None,
             fault_threads: 0,
-            readahead_max_pages: crate::policy::readahead::DEFAULT_MAX_PAGES,
-            stride_prefetch_max_pages: crate::policy::stride::DEFAULT_MAX_PAGES,
+            readahead_max_pages: DEFAULT_READAHEAD_MAX_PAGES,
+            stride_prefetch_max_pages: DEFAULT_STRIDE_PREFETCH_MAX_PAGES,
             reread_to_pool: false,
-            file_unit_bytes: crate::backend::file::DEFAULT_UNIT_BYTES,
+            file_unit_bytes: DEFAULT_FILE_UNIT_BYTES,
             file_read_next_unit: true,
             swapin_policy: SwapinPolicy::default(),
             swapin_max_pages: DEFAULT_SWAPIN_MAX_PAGES,

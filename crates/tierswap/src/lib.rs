@@ -16,13 +16,13 @@
 #![deny(missing_docs)]
 
 pub mod backend;
-mod child;
 pub mod config;
 pub mod control;
 pub mod events;
 pub mod fault;
 pub(crate) mod forkgate;
 pub mod inject;
+pub(crate) mod mm;
 pub mod page;
 pub mod pager;
 pub mod pagetable;
@@ -31,14 +31,16 @@ pub mod reclaim;
 pub mod sigbus;
 pub mod stats;
 pub mod swap;
+mod sync;
 pub mod sys;
 mod trail;
 pub mod uffd;
-mod watch;
 pub mod writeback;
 
 pub use config::{
     parse_size, parse_tiers, Compressor, FaultMode, Hint, PagerConfig, RemoteConfig, SwapinPolicy, Tiers,
 };
-pub use pager::{DrainReport, Error, Pager, Region, Result, Tier};
+pub use mm::{Error, Result};
+pub use pager::{Pager, Region, Tier};
 pub use stats::Stats;
+pub use writeback::DrainReport;

@@ -241,29 +241,6 @@ impl std::fmt::Debug for Pte {
     }
 }
 
-/// Waits for a bit that another thread holds briefly: spin, then yield, then sleep.
-/// The holder may be doing a file read, so the wait must not burn a CPU for long.
-pub(crate) struct Backoff {
-    step: u32,
-}
-
-impl Backoff {
-    pub(crate) fn new() -> Backoff {
-        Backoff { step: 0 }
-    }
-
-    pub(crate) fn snooze(&mut self) {
-        if self.step < 64 {
-            std::hint::spin_loop();
-        } else if self.step < 128 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(std::time::Duration::from_micros(50));
-        }
-        self.step = self.step.saturating_add(1);
-    }
-}
-
 /// The ptes of one region.
 pub struct PageTable {
     ptes: *const AtomicU64,
@@ -348,7 +325,7 @@ impl PageTable {
     /// Locks a pte, waiting while another thread holds it; returns its value (unlocked form).
     pub fn lock(&self, idx_page: usize) -> Pte {
         let w = self.word(idx_page);
-        let mut backoff = Backoff::new();
+        let mut backoff = crate::sync::Backoff::new();
         loop {
             let cur = Pte(w.load(Ordering::Relaxed));
             if !cur.locked()

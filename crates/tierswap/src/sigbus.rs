@@ -4,7 +4,7 @@
 //! fault on a page it does not map raises SIGBUS (`BUS_ADRERR`) in the faulting thread
 //! instead of queueing a message for a fault thread. The handler installed here finds the
 //! pager owning the address and runs the same fault path a fault thread runs
-//! ([`crate::fault::serve_in_thread`]), in the faulting thread, on its stack; when the
+//! (`fault::signal::serve_in_thread`), in the faulting thread, on its stack; when the
 //! handler returns, the access is retried and finds its page. There is no hand-off between
 //! CPUs, which costs ~80 µs a fault on a VM whose idle vCPU halts (DESIGN §9).
 //!
@@ -23,22 +23,21 @@
 
 use std::ptr;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Once, OnceLock};
+use std::sync::{Once, OnceLock};
 
-use crate::pager::Shared;
+use crate::fault::signal::{serve_in_thread, SignalServer};
 
 /// Most pagers in signal mode at once in one process.
 pub const MAX_PAGERS: usize = 32;
 
-/// One registered pager: the `Shared` (a strong reference leaked into the table), how
-/// many handlers are looking at it right now (unregistering waits for them), and the
-/// process it serves.
+/// One registered pager: its signal server (owned by the table), how many handlers are
+/// looking at it right now (unregistering waits for them), and the process it serves.
 struct Entry {
-    shared: AtomicPtr<Shared>,
+    shared: AtomicPtr<SignalServer>,
     users: AtomicUsize,
     /// The pid that registered it. A forked child inherits the table but not the pager's
     /// threads, and its pager's userfaultfd installs pages in the *parent*: the child's
-    /// handler does not serve those entries itself, it asks the parent's pager (child.rs).
+    /// handler does not serve those entries itself, it asks the parent's pager (events/fork.rs).
     pid: AtomicI32,
     /// In a forked child: its link to the parent's pager (pid << 32 | socket; another
     /// pid's is an ancestor's, inherited).
@@ -58,11 +57,11 @@ static INSTALL: Once = Once::new();
 /// The SIGBUS action before ours: signals that are not ours go there.
 static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 
-/// Registers `shared` for the handler (installing it on first use); returns its place for
+/// Registers `server` for the handler (installing it on first use); returns its place for
 /// [`unregister`].
-pub(crate) fn register(shared: &Arc<Shared>) -> std::io::Result<usize> {
+pub(crate) fn register(server: SignalServer) -> std::io::Result<usize> {
     install()?;
-    let raw = Arc::into_raw(shared.clone()) as *mut Shared;
+    let raw = Box::into_raw(Box::new(server));
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
     for (i, e) in PAGERS.iter().enumerate() {
@@ -76,8 +75,8 @@ pub(crate) fn register(shared: &Arc<Shared>) -> std::io::Result<usize> {
             return Ok(i);
         }
     }
-    // SAFETY: `raw` came from Arc::into_raw above and was not stored anywhere.
-    drop(unsafe { Arc::from_raw(raw) });
+    // SAFETY: `raw` came from Box::into_raw above and was not stored anywhere.
+    drop(unsafe { Box::from_raw(raw) });
     Err(std::io::Error::other(format!(
         "more than {MAX_PAGERS} pagers in signal mode in one process: use fault mode 'thread' for the others"
     )))
@@ -92,9 +91,9 @@ pub(crate) fn unregister(place: usize) {
         std::thread::yield_now();
     }
     if !raw.is_null() {
-        // SAFETY: the table held this strong reference (Arc::into_raw in `register`), and
-        // no handler can reach it any more.
-        drop(unsafe { Arc::from_raw(raw) });
+        // SAFETY: the table owned this server (Box::into_raw in `register`), and no handler
+        // can reach it any more.
+        drop(unsafe { Box::from_raw(raw) });
     }
 }
 
@@ -180,7 +179,7 @@ pub unsafe fn serve(info: *const libc::siginfo_t, ctx: *mut libc::c_void) -> boo
             let raw = if e.pid.load(Ordering::SeqCst) == pid { raw } else { ptr::null_mut() };
             // SAFETY: a non-null pointer in the table is a live strong reference, and
             // `unregister` waits for `users` to drop to zero before releasing it.
-            let served = !raw.is_null() && crate::fault::serve_in_thread(unsafe { &*raw }, addr, access, pass);
+            let served = !raw.is_null() && serve_in_thread(unsafe { &*raw }, addr, access, pass);
             e.users.fetch_sub(1, Ordering::SeqCst);
             if served {
                 return true;
@@ -194,8 +193,11 @@ pub unsafe fn serve(info: *const libc::siginfo_t, ctx: *mut libc::c_void) -> boo
         let theirs = e.pid.load(Ordering::SeqCst);
         // SAFETY: in a forked child the table and the pagers it points at are the child's
         // copies, which nothing of the child frees; only the link's immutable parts and
-        // its own atomics are read (child::ask_parent).
-        if !raw.is_null() && theirs != pid && crate::child::ask_parent(unsafe { &*raw }, &e.link, addr, access) {
+        // its own atomics are read (events::fork::ask_parent).
+        if !raw.is_null()
+            && theirs != pid
+            && crate::events::fork::ask_parent(unsafe { &(*raw).shared }, &e.link, addr, access)
+        {
             return true;
         }
     }
@@ -203,7 +205,7 @@ pub unsafe fn serve(info: *const libc::siginfo_t, ctx: *mut libc::c_void) -> boo
 }
 
 /// fork's prepare handler: a forked child of a signal-mode pager claims its link before
-/// it forks in turn (child::claim_before_fork).
+/// it forks in turn (events::fork::claim_before_fork).
 extern "C" fn before_fork() {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
@@ -211,7 +213,7 @@ extern "C" fn before_fork() {
         let raw = e.shared.load(Ordering::SeqCst);
         if !raw.is_null() && e.pid.load(Ordering::SeqCst) != pid {
             // SAFETY: as in `serve`: the child's own copy, never freed in the child.
-            crate::child::claim_before_fork(unsafe { &*raw }, &e.link);
+            crate::events::fork::claim_before_fork(unsafe { &(*raw).shared }, &e.link);
         }
     }
 }

@@ -386,6 +386,41 @@ pub(crate) fn block_signals() {
     }
 }
 
+/// Gives the calling background thread (`what`: reclaim, writeback) nice value `nice`, and
+/// SCHED_IDLE when `idle`; a refusal is said once and costs only the priority.
+pub(crate) fn lower_priority(nice: i32, idle: bool, what: &str) {
+    if idle {
+        if let Err(e) = set_thread_sched_idle() {
+            eprintln!("tierswap: the {what} thread keeps its policy (SCHED_IDLE refused: {e})");
+        }
+    }
+    if nice != 0 {
+        if let Err(e) = set_thread_nice(nice) {
+            eprintln!("tierswap: the {what} thread keeps its priority (nice {nice} refused: {e})");
+        }
+    }
+}
+
+/// Pins the calling thread, fault thread or reclaim helper (`what`) `index`, to the
+/// `index`-th CPU this process may run on (wrapping), so that a fault on any CPU finds one
+/// of each on that CPU (`PagerConfig::fault_pin`). A failure costs only speed: the thread
+/// stays unpinned and says so once.
+pub(crate) fn pin_to_cpu(index: usize, what: &str) {
+    let pinned = allowed_cpus().and_then(|cpus| match cpus.get(index % cpus.len().max(1)) {
+        Some(&cpu) => pin_thread(cpu),
+        None => Err(std::io::Error::from_raw_os_error(libc::ESRCH)),
+    });
+    if let Err(e) = pinned {
+        eprintln!("tierswap: {what} {index} stays unpinned: cannot set its CPU affinity: {e}");
+    }
+}
+
+/// The pager cannot serve faults any more: the program would hang. Say so and abort.
+pub(crate) fn fatal(msg: &str) -> ! {
+    eprintln!("tierswap: {msg}; the program's memory can no longer be served, aborting");
+    std::process::abort()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

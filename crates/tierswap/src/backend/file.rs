@@ -43,7 +43,7 @@ const KEY_BYTES: usize = 32;
 /// Alignment of direct IO offsets and lengths.
 const IO_ALIGN: usize = PAGE_SIZE;
 /// Default bytes per unit (one write).
-pub const DEFAULT_UNIT_BYTES: usize = 64 << 10;
+pub use crate::config::DEFAULT_FILE_UNIT_BYTES as DEFAULT_UNIT_BYTES;
 
 /// A file tier error.
 #[derive(Debug, thiserror::Error)]

@@ -9,6 +9,10 @@ pub mod remote;
 pub mod resp;
 pub mod zero;
 
+/// Bits of a backend's address for a page: a pool handle, a file offset / 16, a remote
+/// version. A swap entry carries exactly this many (`swap::entry`).
+pub const ADDR_BITS: u32 = 38;
+
 /// A backend, as the user names it (`--tiers`, `drain`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Backend {

@@ -31,10 +31,10 @@ use std::time::{Duration, Instant};
 
 use super::file::{record_bytes, FileError, RecordPlace, Sealer};
 use super::resp::{ClusterClient, Cmd, Reply, RespError};
+use crate::backend::ADDR_BITS;
 use crate::config::RemoteConfig;
 use crate::page::PAGE_SIZE;
 use crate::stats::Counters;
-use crate::swap::entry::ADDR_BITS;
 
 /// Longest key: "ts:{" 16 ".", 10 "}" 3.
 const KEY_BYTES: usize = 40;

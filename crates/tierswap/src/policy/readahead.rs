@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use crate::config::Hint;
 
 /// Default cap of the window, in pages (128 KiB).
-pub const DEFAULT_MAX_PAGES: u32 = 32;
+pub use crate::config::DEFAULT_READAHEAD_MAX_PAGES as DEFAULT_MAX_PAGES;
 
 /// One region's readahead state: three words, updated with relaxed atomics (a lost update
 /// only makes one window a little off).

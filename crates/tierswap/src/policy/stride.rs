@@ -16,7 +16,7 @@
 pub const MAX_STRIDE_PAGES: usize = 512;
 
 /// Default cap of the window, in pages.
-pub const DEFAULT_MAX_PAGES: u32 = 32;
+pub use crate::config::DEFAULT_STRIDE_PREFETCH_MAX_PAGES as DEFAULT_MAX_PAGES;
 
 /// The first window, in pages.
 const FIRST_WINDOW: u32 = 2;

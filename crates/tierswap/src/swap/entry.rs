@@ -101,8 +101,10 @@ pub const LOCATION_BITS: u32 = 51;
 /// Bits of an object length field (length - 1, so 1..=4096).
 const LEN_BITS: u32 = 12;
 /// Bits of a pool handle, file offset/16 or remote version (the location's top bit is the
-/// codec bit).
-pub const ADDR_BITS: u32 = LOCATION_BITS - LEN_BITS - 1;
+/// codec bit): what a backend's address may use.
+pub use crate::backend::ADDR_BITS;
+const _: () =
+    assert!(ADDR_BITS == LOCATION_BITS - LEN_BITS - 1, "the location holds an address, a length and the codec bit");
 /// The codec bit of a Pool, File or Remote location.
 const RECOMPRESSED: u64 = 1 << (LOCATION_BITS - 1);
 /// Largest swap count.

@@ -26,7 +26,7 @@ pub use cluster::{ClusterHeader, ClusterState, CLUSTER_HEADER_BYTES, SLOTS_PER_C
 pub use entry::{SwapEntry, Tag};
 
 use crate::page::PAGE_SIZE;
-use crate::pagetable::Backoff;
+use crate::sync::Backoff;
 use crate::sys;
 
 /// Default size of the virtual swap space: 2^30 slots (4 TiB of pages). Costs 8 GiB of

@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 use crate::backend::compress::{compress, COMPRESS_BUF_BYTES, INCOMPRESSIBLE_LIMIT};
 use crate::backend::file::UnitWriter;
 use crate::backend::zero::same_filled_pattern;
-use crate::fault::fatal;
+use crate::mm::{RegionInner, Shared};
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
-use crate::pager::{RegionInner, Shared};
 use crate::pagetable::{Pte, PteState, PTES_PER_CHUNK};
 use crate::swap::{SwapEntry, Tag};
 use crate::sys;
+use crate::sys::fatal;
 use crate::uffd;
 
 /// Blocks deactivated or evicted per step (1 MiB).
@@ -209,14 +209,14 @@ pub(crate) fn inactive_target(cur: i64, activated: u64, stolen: u64, min: i64, m
 
 /// The reclaim thread's loop.
 pub(crate) fn reclaim_thread(s: Arc<Shared>) {
-    crate::pager::lower_priority(&s, "reclaim");
+    sys::lower_priority(s.config.background_nice, s.config.background_idle, "reclaim");
     let mut r = match Reclaim::new(s) {
         Ok(r) => r,
         Err(e) => fatal(&format!("reclaim cannot map its write buffer: {e}")),
     };
     loop {
-        r.s.kick.wait(Duration::from_millis(5));
-        if r.s.shutdown.load(Ordering::Acquire) {
+        r.s.wake.kick.wait(Duration::from_millis(5));
+        if r.s.wake.shutdown.load(Ordering::Acquire) {
             return;
         }
         if r.last_metadata.elapsed() > Duration::from_millis(50) {
@@ -229,17 +229,17 @@ pub(crate) fn reclaim_thread(s: Arc<Shared>) {
             r.s.kick_writeback(false);
         }
         if fp > r.s.high_watermark() {
-            r.s.reclaim_idle.store(false, Ordering::Release);
+            r.s.wake.reclaim_idle.store(false, Ordering::Release);
             r.run();
         }
-        r.s.reclaim_idle.store(true, Ordering::Release);
+        r.s.wake.reclaim_idle.store(true, Ordering::Release);
         r.notify_room();
     }
 }
 
 impl Reclaim {
     fn new(s: Arc<Shared>) -> std::io::Result<Reclaim> {
-        let writer = match s.file {
+        let writer = match s.tiers.file {
             Some(_) => Some(UnitWriter::new(s.config.file_unit_bytes)?),
             None => None,
         };
@@ -266,13 +266,14 @@ impl Reclaim {
     }
 
     fn notify_room(&self) {
-        let (m, cv) = &self.s.room;
+        let (m, cv) = &self.s.wake.room;
         *m.lock().unwrap_or_else(|e| e.into_inner()) += 1;
         cv.notify_all();
     }
 
     fn pool_over_limit(&self) -> bool {
-        (self.s.file.is_some() || self.s.remote.is_some()) && self.s.pool.total_bytes() > self.s.pool_limit()
+        (self.s.tiers.file.is_some() || self.s.tiers.remote.is_some())
+            && self.s.tiers.pool.total_bytes() > self.s.pool_limit()
     }
 
     /// Reclaims until the footprint is under the low watermark, or nothing more can be done.
@@ -304,14 +305,14 @@ impl Reclaim {
         // next.
         let mut pressure_seen = pressure(&self.s);
         loop {
-            if self.s.shutdown.load(Ordering::Acquire) {
+            if self.s.wake.shutdown.load(Ordering::Acquire) {
                 return;
             }
             let fp = self.s.footprint_bytes();
             self.s.counters.note_footprint(fp);
             let now = pressure(&self.s);
             if fp <= self.s.low_watermark() || (fp <= self.s.high_watermark() && now == pressure_seen) {
-                self.s.reclaim_stuck.store(false, Ordering::Relaxed);
+                self.s.wake.reclaim_stuck.store(false, Ordering::Relaxed);
                 return;
             }
             pressure_seen = now;
@@ -321,13 +322,13 @@ impl Reclaim {
             if self.s.pool_backpressure() {
                 // A remote batch's acknowledgement is what frees room now: wait for it
                 // (writeback kicks us after each step) instead of growing the pool.
-                self.s.reclaim_stuck.store(false, Ordering::Relaxed);
-                self.s.kick.wait(Duration::from_millis(5));
+                self.s.wake.reclaim_stuck.store(false, Ordering::Relaxed);
+                self.s.wake.kick.wait(Duration::from_millis(5));
                 self.notify_room();
                 continue;
             }
             let mut progress = 0usize;
-            let staged = self.s.staged_pages.load(Ordering::Relaxed);
+            let staged = self.s.acct.staged_pages.load(Ordering::Relaxed);
             if staged < inactive_target {
                 // A batch for the one evicted below, and while the list is under its
                 // reserve one more, for the direct reclaimers evicting beside us.
@@ -337,26 +338,26 @@ impl Reclaim {
             progress += self.evict(BATCH_BLOCKS);
             self.notify_room();
             if progress > 0 {
-                self.s.reclaim_stuck.store(false, Ordering::Relaxed);
+                self.s.wake.reclaim_stuck.store(false, Ordering::Relaxed);
                 continue;
             }
             // Nothing left to evict: only writing the pool back can shrink the footprint.
-            let writeback_can = self.s.writeback_target_up() && self.s.pool.stored_objects() > 0;
+            let writeback_can = self.s.writeback_target_up() && self.s.tiers.pool.stored_objects() > 0;
             if writeback_can {
                 self.s.kick_writeback(true);
-                self.s.reclaim_stuck.store(false, Ordering::Relaxed);
+                self.s.wake.reclaim_stuck.store(false, Ordering::Relaxed);
             } else {
-                self.s.reclaim_stuck.store(true, Ordering::Relaxed);
+                self.s.wake.reclaim_stuck.store(true, Ordering::Relaxed);
             }
             // Under the low watermark is the goal; over the budget is what users must hear of.
             if !writeback_can && fp > self.s.budget() {
                 self.s.counters.over_budget_events.fetch_add(1, Ordering::Relaxed);
-                if !self.s.warned_over_budget.swap(true, Ordering::Relaxed) {
+                if !self.s.acct.warned_over_budget.swap(true, Ordering::Relaxed) {
                     eprintln!(
                         "tierswap: footprint {} MiB is over the budget of {} MiB and nothing more can be evicted{}; going over budget rather than losing data",
                         fp >> 20,
                         self.s.budget() >> 20,
-                        match (&self.s.file, &self.s.remote) {
+                        match (&self.s.tiers.file, &self.s.tiers.remote) {
                             (None, None) => " (no file tier: add 'file' to the tiers)".to_string(),
                             (None, Some(_)) => format!(
                                 " (the remote tier took no writes for {} s and there is no file tier to fall back on: add 'file' to the tiers)",
@@ -419,7 +420,7 @@ impl Reclaim {
                 for (k, &n) in per_block[..span].iter().enumerate() {
                     if n > 0 {
                         blocks_done += 1;
-                        self.s.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((r.id, b + k));
+                        self.s.acct.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((r.id, b + k));
                     }
                 }
             }
@@ -501,8 +502,8 @@ impl Reclaim {
             }
             staged += self.stage_run(r, run_start, i, start, per_block);
         }
-        self.s.present_pages.fetch_sub(staged as i64, Ordering::Relaxed);
-        self.s.staged_pages.fetch_add(staged as i64, Ordering::Relaxed);
+        self.s.acct.present_pages.fetch_sub(staged as i64, Ordering::Relaxed);
+        self.s.acct.staged_pages.fetch_add(staged as i64, Ordering::Relaxed);
         staged
     }
 
@@ -644,9 +645,9 @@ impl Reclaim {
                     let new = match state {
                         PteState::None => {
                             // The program dropped the page (MADV_DONTNEED): it reads as zeros.
-                            self.s.present_pages.fetch_sub(1, Ordering::Relaxed);
+                            self.s.acct.present_pages.fetch_sub(1, Ordering::Relaxed);
                             if let Some(kept) = old.kept_slot() {
-                                crate::fault::put_slot(&self.s, kept);
+                                crate::mm::slots::put_slot(&self.s, kept);
                             }
                             Pte::NONE
                         }
@@ -768,7 +769,7 @@ impl Reclaim {
         let mut blocks = 0;
         let mut busy = Vec::new();
         while blocks < max_blocks {
-            let Some((id, b)) = self.s.inactive.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
+            let Some((id, b)) = self.s.acct.inactive.lock().unwrap_or_else(|e| e.into_inner()).pop_front() else {
                 break;
             };
             let Some(r) = self.s.region_by_id(id) else {
@@ -796,7 +797,7 @@ impl Reclaim {
                 if blocks >= max_blocks {
                     break;
                 }
-                let mut q = self.s.inactive.lock().unwrap_or_else(|e| e.into_inner());
+                let mut q = self.s.acct.inactive.lock().unwrap_or_else(|e| e.into_inner());
                 match q.front() {
                     Some(&(next_id, next_b)) if next_id == id => {
                         q.pop_front();
@@ -808,7 +809,7 @@ impl Reclaim {
             self.release(&r);
         }
         if !busy.is_empty() {
-            let mut q = self.s.inactive.lock().unwrap_or_else(|e| e.into_inner());
+            let mut q = self.s.acct.inactive.lock().unwrap_or_else(|e| e.into_inner());
             for x in busy.into_iter().rev() {
                 q.push_front(x);
             }
@@ -830,7 +831,7 @@ impl Reclaim {
                     Some(kept) if !self.kept_copy_reachable(kept) => {
                         // Its only other copy is on a remote that is failing: evicting it
                         // clean would leave it there alone. It goes out like a written page.
-                        crate::fault::put_slot(&self.s, kept);
+                        crate::mm::slots::put_slot(&self.s, kept);
                         r.ptes.unlock(i, old, old.without_kept_slot());
                         match r.ptes.try_lock_in(i, PteState::Staged) {
                             Some(p) => p,
@@ -858,7 +859,7 @@ impl Reclaim {
         }
         let mut slots = std::mem::take(&mut self.slots);
         slots.clear();
-        let got = match self.s.swap.alloc(LANE, n, &mut slots) {
+        let got = match self.s.tiers.swap.alloc(LANE, n, &mut slots) {
             Ok(got) => got,
             Err(e) => {
                 eprintln!("tierswap: {e}; pages stay in memory");
@@ -901,8 +902,8 @@ impl Reclaim {
                 evicted += 1;
             } else {
                 // Nowhere to put it now: give the slot back, the page stays staged.
-                let e = self.s.swap.lock(slots[k]);
-                self.s.swap.unlock(slots[k], e, SwapEntry::FREE);
+                let e = self.s.tiers.swap.lock(slots[k]);
+                self.s.tiers.swap.unlock(slots[k], e, SwapEntry::FREE);
                 let old = r.ptes.load(i);
                 r.ptes.unlock(i, old, old);
             }
@@ -930,9 +931,9 @@ impl Reclaim {
             r.ptes.unlock(i, old, Pte::swapped(slot));
         }
         let evicted = self.pending.pages.len();
-        self.s.staged_pages.fetch_sub(evicted as i64, Ordering::Relaxed);
+        self.s.acct.staged_pages.fetch_sub(evicted as i64, Ordering::Relaxed);
         self.s.counters.pgsteal.fetch_add(evicted as u64, Ordering::Relaxed);
-        self.s.swap.note_evictions(evicted as u64);
+        self.s.tiers.swap.note_evictions(evicted as u64);
         self.pending.ranges.clear();
         self.pending.pages.clear();
         self.pending.blocks = 0;
@@ -992,7 +993,7 @@ impl Reclaim {
                     // Dropped from the mirror with the block's other pages in [`Reclaim::release`].
                     self.pending.push_range(r.mirror_addr(i), PAGE_SIZE);
                     self.pending.pages.push((i, slot));
-                    self.s.swap.restamp(slot);
+                    self.s.tiers.swap.restamp(slot);
                     evicted += 1;
                 }
                 None => r.ptes.unlock(i, old, old),
@@ -1005,12 +1006,12 @@ impl Reclaim {
     /// Whether a clean page's kept slot can stand for it: its copy is in memory or on the
     /// file, or on a remote that has not failed since its last batch written.
     fn kept_copy_reachable(&self, slot: u64) -> bool {
-        self.s.swap.load(slot).tag() != Tag::Remote || self.s.remote.as_ref().is_some_and(|r| r.healthy())
+        self.s.tiers.swap.load(slot).tag() != Tag::Remote || self.s.tiers.remote.as_ref().is_some_and(|r| r.healthy())
     }
 
     fn place(&self, slot: u64, e: SwapEntry) {
-        let old = self.s.swap.lock(slot);
-        self.s.swap.unlock(slot, old, e);
+        let old = self.s.tiers.swap.lock(slot);
+        self.s.tiers.swap.unlock(slot, old, e);
     }
 
     /// Classifies and stores one page.
@@ -1032,11 +1033,11 @@ impl Reclaim {
         let limit = if tiers.pool { INCOMPRESSIBLE_LIMIT } else { PAGE_SIZE - 64 };
         let clen = compress(s.config.compressor, page, &mut self.compressed, limit);
         match clen {
-            Some(len) if tiers.pool => match s.pool.store(&self.compressed[..len]) {
+            Some(len) if tiers.pool => match s.tiers.pool.store(&self.compressed[..len]) {
                 Ok(h) => {
                     s.counters.zswpout.fetch_add(1, Ordering::Relaxed);
                     let e = SwapEntry::pool(h.raw(), len);
-                    crate::writeback::count_recompressible(s, e, true);
+                    crate::mm::slots::count_recompressible(s, e, true);
                     Stored::Entry(e)
                 }
                 Err(_) => self.store_in_file_or_raw(page, slot, Some(len)),
@@ -1052,7 +1053,7 @@ impl Reclaim {
     /// Puts a page in the file unit being filled (compressed if `clen`), or keeps it raw in
     /// the pool when there is no file tier.
     fn store_in_file_or_raw(&mut self, page: &[u8], slot: u64, clen: Option<usize>) -> Stored {
-        if self.s.file_off.load(Ordering::Acquire) {
+        if self.s.tiers.file_off.load(Ordering::Acquire) {
             return self.store_raw(page);
         }
         if let Some(w) = self.writer.as_mut() {
@@ -1071,7 +1072,7 @@ impl Reclaim {
     }
 
     fn store_raw(&self, page: &[u8]) -> Stored {
-        match self.s.pool.store(page) {
+        match self.s.tiers.pool.store(page) {
             Ok(h) => {
                 self.s.counters.pool_stored_raw.fetch_add(1, Ordering::Relaxed);
                 Stored::Entry(SwapEntry::pool(h.raw(), PAGE_SIZE))
@@ -1090,14 +1091,14 @@ impl Reclaim {
         pending: &mut Vec<(usize, u64, usize)>,
         placed: &mut [bool],
     ) {
-        let (Some(file), Some(w)) = (self.s.file.as_ref(), self.writer.as_mut()) else {
+        let (Some(file), Some(w)) = (self.s.tiers.file.as_ref(), self.writer.as_mut()) else {
             return;
         };
         if pending.is_empty() {
             return;
         }
-        let gate = self.s.file_gate.read().unwrap_or_else(|e| e.into_inner());
-        let res = if self.s.file_off.load(Ordering::Acquire) {
+        let gate = self.s.tiers.file_gate.read().unwrap_or_else(|e| e.into_inner());
+        let res = if self.s.tiers.file_off.load(Ordering::Acquire) {
             Err(crate::backend::file::FileError::Off)
         } else {
             file.write_unit(w)
@@ -1235,7 +1236,7 @@ impl DirectReclaim {
     pub(crate) fn run(&mut self) -> usize {
         let r = &mut self.0;
         let mut total = 0;
-        while r.s.footprint_bytes() > r.s.budget() && !r.s.shutdown.load(Ordering::Acquire) {
+        while r.s.footprint_bytes() > r.s.budget() && !r.s.wake.shutdown.load(Ordering::Acquire) {
             let n = r.evict(DIRECT_BATCH_BLOCKS);
             if n == 0 {
                 break;
@@ -1256,7 +1257,7 @@ impl DirectReclaim {
 /// signal handler, so its CPU is free: the helper pinned there runs at once.
 pub(crate) fn helper_thread(s: Arc<Shared>, index: usize) {
     if s.config.fault_pin {
-        crate::fault::pin_to_cpu(index, "reclaim helper");
+        crate::sys::pin_to_cpu(index, "reclaim helper");
     }
     let mut d = match DirectReclaim::new(s.clone()) {
         Ok(d) => d,
@@ -1266,8 +1267,8 @@ pub(crate) fn helper_thread(s: Arc<Shared>, index: usize) {
         }
     };
     loop {
-        s.helper_kick.wait(Duration::from_millis(100));
-        if s.shutdown.load(Ordering::Acquire) {
+        s.wake.helper_kick.wait(Duration::from_millis(100));
+        if s.wake.shutdown.load(Ordering::Acquire) {
             return;
         }
         d.run();
@@ -1321,7 +1322,7 @@ pub(crate) fn stage_everything(s: &Arc<Shared>) -> usize {
         let n = r.deactivate_block(region, b, true);
         if n > 0 {
             r.s.counters.pgdeactivate.fetch_add(n as u64, Ordering::Relaxed);
-            r.s.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((region.id, b));
+            r.s.acct.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((region.id, b));
         }
         n
     })

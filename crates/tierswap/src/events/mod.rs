@@ -53,137 +53,20 @@
 //!   Otherwise the message outlived its page (queued before an munmap or mremap, read
 //!   after) and the address may be another mapping's by now: it is only woken.
 
+pub(crate) mod fork;
+
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
-use crate::fault::put_slot;
+use crate::mm::changes::DisplacedPiece;
+use crate::mm::slots::put_slot;
+use crate::mm::teardown::{discard, forget, teardown};
+use crate::mm::{Piece, RegionInner, Shared};
 use crate::page::{pages_to_bytes, BLOCK_PAGES, PAGE_SIZE};
-use crate::pager::{Piece, RegionInner, Shared};
-use crate::pagetable::{Pte, PteState, PTES_PER_CHUNK};
-use crate::sys;
+use crate::pagetable::{Pte, PteState};
 use crate::trail::What;
-use crate::uffd::{self, features, Event, RegisterMode};
-
-/// Features of the program ranges' userfaultfd.
-/// THREAD_ID: a fault message names its thread, so a fault of the thread that is forking can
-/// be told apart while a fork holds the gate (forkgate.rs).
-pub(crate) const PROGRAM_FEATURES: u64 = features::MOVE
-    | features::EVENT_REMOVE
-    | features::EVENT_UNMAP
-    | features::EVENT_REMAP
-    | features::EVENT_FORK
-    | features::THREAD_ID;
-
-/// The old ranges of mremaps whose trailing UNMAP is not handled yet. The kernel follows a
-/// REMAP with an UNMAP of the range the mapping left, queued once the REMAP is read: a
-/// region entered there in between would be cut by it (`Shared::claim_range` waits).
-#[derive(Debug, Default)]
-pub(crate) struct RemappedFrom(Mutex<Vec<(usize, usize, Instant)>>);
-
-impl RemappedFrom {
-    /// How long a range waits for its UNMAP. None comes for MREMAP_DONTUNMAP, whose old
-    /// range stays mapped (so no new mapping can be made there anyway).
-    pub(crate) const WAIT: Duration = Duration::from_secs(5);
-
-    /// An mremap moved `[start, end)` away (its REMAP is being handled).
-    pub(crate) fn moved(&self, start: usize, end: usize, now: Instant) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push((start, end, now));
-    }
-
-    /// `[start, end)` was unmapped: the old ranges it overlaps have had their UNMAP.
-    /// Returns them: nothing the map holds there now is the old mapping's (a REMAP's new
-    /// range may have taken the address since), so the UNMAP cuts nothing there.
-    pub(crate) fn unmapped(&self, start: usize, end: usize) -> Vec<(usize, usize)> {
-        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let mut gone: Vec<(usize, usize)> =
-            v.iter().filter(|&&(a, b, _)| a < end && start < b).map(|&(a, b, _)| (a, b)).collect();
-        v.retain(|&(a, b, _)| b <= start || end <= a);
-        gone.sort_unstable();
-        gone
-    }
-
-    /// Whether `[start, end)` overlaps an old range still waiting for its UNMAP.
-    pub(crate) fn pending(&self, start: usize, end: usize, now: Instant) -> bool {
-        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        v.retain(|&(_, _, t)| now.saturating_duration_since(t) < Self::WAIT);
-        v.iter().any(|&(a, b, _)| a < end && start < b)
-    }
-}
-
-/// Pieces of regions a REMAP's new range displaced from the map before their own UNMAP /
-/// REMAP came (events.rs, ordering rules). A piece keeps its ptes (its slots and staged
-/// pages are still the old region's) and one `leaving` mark on its region, so nothing is
-/// installed for it at addresses the new region holds now, until that event takes it.
-#[derive(Default)]
-pub(crate) struct Displaced(Mutex<Vec<DisplacedPiece>>);
-
-pub(crate) struct DisplacedPiece {
-    /// The program address of page `piece.lo`.
-    start: usize,
-    piece: Piece,
-}
-
-impl DisplacedPiece {
-    fn end(&self) -> usize {
-        self.start + pages_to_bytes(self.piece.hi - self.piece.lo)
-    }
-}
-
-impl Displaced {
-    /// Displaces `piece` (cut from the map at `start`): its region stays leaving.
-    fn push(&self, start: usize, piece: Piece) {
-        piece.region.leaving.fetch_add(1, Ordering::AcqRel);
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(DisplacedPiece { start, piece });
-    }
-
-    /// Takes the parts of displaced pieces within `[start, end)`, in address order; the
-    /// parts outside stay displaced. Each part taken carries a `leaving` mark the caller
-    /// gives back ([`Displaced::done`]) once it has dealt with the pages.
-    fn take(&self, start: usize, end: usize) -> Vec<DisplacedPiece> {
-        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let mut taken = Vec::new();
-        let mut i = 0;
-        while i < v.len() {
-            if v[i].end() <= start || end <= v[i].start {
-                i += 1;
-                continue;
-            }
-            let d = v.swap_remove(i);
-            let (a, b) = (d.start.max(start), d.end().min(end));
-            let page = |addr: usize| d.piece.lo + (addr - d.start) / PAGE_SIZE;
-            let part = |from: usize, to: usize| DisplacedPiece {
-                start: from,
-                piece: Piece { region: d.piece.region.clone(), lo: page(from), hi: page(to) },
-            };
-            for (from, to) in [(d.start, a), (b, d.end())] {
-                if from < to {
-                    d.piece.region.leaving.fetch_add(1, Ordering::AcqRel);
-                    v.push(part(from, to));
-                }
-            }
-            // The taken part carries the mark `d` held.
-            taken.push(part(a, b));
-        }
-        taken.sort_by_key(|d| d.start);
-        taken
-    }
-
-    /// Whether a piece of `r` is still displaced (its region must not be torn down yet).
-    fn holds(&self, r: &RegionInner) -> bool {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|d| d.piece.region.id == r.id)
-    }
-
-    /// A taken part is dealt with: its region is no longer leaving on its account, and is
-    /// torn down if nothing of it is left.
-    fn done(&self, s: &Shared, d: DisplacedPiece) {
-        let r = &d.piece.region;
-        r.leaving.fetch_sub(1, Ordering::AcqRel);
-        if r.extents.load(Ordering::Acquire) == 0 && !self.holds(r) {
-            teardown(s, r);
-        }
-    }
-}
+use crate::uffd::{self, Event, RegisterMode};
 
 /// The parts of `[start, end)` outside every range of `holes` (sorted, disjoint).
 fn outside(start: usize, end: usize, holes: &[(usize, usize)]) -> Vec<(usize, usize)> {
@@ -221,7 +104,7 @@ pub(crate) fn handle_event(s: &Arc<Shared>, ev: Event) {
         }
         Event::Fork { uffd } => {
             s.counters.event_fork.fetch_add(1, Ordering::Relaxed);
-            crate::child::fork(s, uffd);
+            crate::events::fork::fork(s, uffd);
         }
         Event::Unknown(_) | Event::PageFault { .. } => {}
     }
@@ -229,7 +112,7 @@ pub(crate) fn handle_event(s: &Arc<Shared>, ev: Event) {
 
 /// MADV_DONTNEED / MADV_REMOVE on `[start, end)`: the range stays mapped and reads zeros.
 fn remove(s: &Shared, start: usize, end: usize) {
-    let pieces = s.regions.read().unwrap_or_else(|e| e.into_inner()).overlapping(start, end);
+    let pieces = s.regions.map.read().unwrap_or_else(|e| e.into_inner()).overlapping(start, end);
     for p in pieces {
         discard(s, &p.region, p.lo, p.hi);
     }
@@ -239,8 +122,8 @@ fn remove(s: &Shared, start: usize, end: usize) {
 /// taken part of it meanwhile, the UNMAP is the old mapping's, and acts on what that
 /// REMAP displaced (or, for the trailing UNMAP of an mremap, on nothing) instead.
 pub(crate) fn unmap(s: &Shared, start: usize, end: usize) {
-    let mut held = s.remapped_from.unmapped(start, end);
-    let displaced = s.displaced.take(start, end);
+    let mut held = s.regions.remapped_from.unmapped(start, end);
+    let displaced = s.regions.displaced.take(start, end);
     held.extend(displaced.iter().map(|d| (d.start, d.end())));
     held.sort_unstable();
     for &(a, b) in &held {
@@ -253,81 +136,7 @@ pub(crate) fn unmap(s: &Shared, start: usize, end: usize) {
         if !d.piece.region.dead.load(Ordering::Acquire) {
             discard(s, &d.piece.region, d.piece.lo, d.piece.hi);
         }
-        s.displaced.done(s, d);
-    }
-}
-
-/// Cuts `[start, end)` out of the map and frees the pages cut, tearing down the regions
-/// left without an extent: the range is gone (an UNMAP's, or a stale extent the kernel
-/// has handed out again).
-pub(crate) fn forget(s: &Shared, start: usize, end: usize) {
-    let pieces = s.regions.write().unwrap_or_else(|e| e.into_inner()).cut(start, end);
-    for p in pieces {
-        s.trail.mark(What::Cut, p.region.page_addr(p.lo), p.region.page_addr(p.hi), 0, p.region.id);
-        discard(s, &p.region, p.lo, p.hi);
-        if p.region.extents.load(Ordering::Acquire) == 0 && !s.displaced.holds(&p.region) {
-            teardown(s, &p.region);
-        }
-    }
-}
-
-/// Frees pages `[lo, hi)` of `r`: slots, staged copies, kept slots; every pte ends `None`.
-/// Present pages are the kernel's to drop (the zap of a REMOVE, the unmap itself).
-pub(crate) fn discard(s: &Shared, r: &RegionInner, lo: usize, hi: usize) {
-    let (mut present, mut staged) = (0i64, 0i64);
-    let mut olds = [Pte::NONE; BLOCK_PAGES];
-    let mut b = lo;
-    while b < hi {
-        let e = (b - b % BLOCK_PAGES + BLOCK_PAGES).min(hi);
-        if b.is_multiple_of(PTES_PER_CHUNK) && e - b == BLOCK_PAGES && skip_chunk(r, b, hi) {
-            // A whole chunk of `None` ptes: nothing to free.
-            b = (b + PTES_PER_CHUNK).min(hi);
-            continue;
-        }
-        let (mut any_present, mut any_staged) = (false, false);
-        for i in b..e {
-            let old = r.ptes.lock(i);
-            olds[i - b] = old;
-            match old.state() {
-                PteState::None => {}
-                PteState::Present => {
-                    present += 1;
-                    any_present = true;
-                }
-                PteState::Staged => {
-                    staged += 1;
-                    any_staged = true;
-                }
-                PteState::Swapped => put_slot(s, old.payload()),
-            }
-            if let Some(kept) = old.kept_slot() {
-                put_slot(s, kept);
-            }
-        }
-        if any_staged || any_present {
-            drop_mirror(r, b, (e - b) * PAGE_SIZE);
-        }
-        for i in b..e {
-            r.ptes.unlock(i, olds[i - b], Pte::NONE);
-        }
-        b = e;
-    }
-    s.present_pages.fetch_sub(present, Ordering::Relaxed);
-    s.staged_pages.fetch_sub(staged, Ordering::Relaxed);
-}
-
-/// Whether the chunk starting at pte `b` lies within `[b, hi)` and holds no live pte.
-fn skip_chunk(r: &RegionInner, b: usize, hi: usize) -> bool {
-    b + PTES_PER_CHUNK <= hi && !r.ptes.chunk_in_use(b / PTES_PER_CHUNK)
-}
-
-/// Drops the mirror's pages `[idx, idx + len_bytes)`.
-fn drop_mirror(r: &RegionInner, idx: usize, len_bytes: usize) {
-    // SAFETY: mirror pages of locked ptes being discarded: only the pager touches the
-    // mirror, and nothing refers to these pages while their ptes are locked. The mirror's
-    // userfaultfd has no REMOVE event, so this raises none.
-    if let Err(e) = unsafe { sys::madvise(r.mirror_addr(idx), len_bytes, libc::MADV_DONTNEED) } {
-        eprintln!("tierswap: releasing discarded staged pages at {:#x} failed: {e}", r.mirror_addr(idx));
+        s.regions.displaced.done(s, d);
     }
 }
 
@@ -367,10 +176,10 @@ fn present_runs(addr: usize, n_pages: usize) -> Vec<(usize, usize)> {
 fn remap(s: &Shared, from: usize, to: usize, len: usize) {
     // What left `[from, from + len)`: the map's extents there, except where a REMAP's new
     // range took the address before this event came; there, the pieces it displaced.
-    let displaced = s.displaced.take(from, from + len);
+    let displaced = s.regions.displaced.take(from, from + len);
     let held: Vec<(usize, usize)> = displaced.iter().map(|d| (d.start, d.end())).collect();
     let mut pieces: Vec<(usize, Piece, Option<DisplacedPiece>)> = {
-        let mut map = s.regions.write().unwrap_or_else(|e| e.into_inner());
+        let mut map = s.regions.map.write().unwrap_or_else(|e| e.into_inner());
         outside(from, from + len, &held)
             .into_iter()
             .flat_map(|(a, b)| map.cut(a, b))
@@ -385,23 +194,24 @@ fn remap(s: &Shared, from: usize, to: usize, len: usize) {
         pieces.push((d.start, piece, Some(d)));
     }
     pieces.sort_by_key(|(at, _, _)| *at);
-    s.remapped_from.moved(from, from + len, Instant::now());
+    s.regions.remapped_from.moved(from, from + len, Instant::now());
     for (at, p, displaced) in pieces {
         let r = &p.region;
         let n = p.hi - p.lo;
         let new_start = to + (at - from);
         // The kernel has put the moved range here: an extent still in the map here is a
         // mapping whose UNMAP / REMAP is on its way (displaced until it comes).
-        let stale = s.regions.write().unwrap_or_else(|e| e.into_inner()).cut(new_start, new_start + pages_to_bytes(n));
+        let stale =
+            s.regions.map.write().unwrap_or_else(|e| e.into_inner()).cut(new_start, new_start + pages_to_bytes(n));
         for q in stale {
             s.trail.mark(What::Displace, q.region.page_addr(q.lo), q.region.page_addr(q.hi), 0, q.region.id);
             s.counters.remap_displaced.fetch_add(1, Ordering::Relaxed);
-            s.displaced.push(q.region.page_addr(q.lo), q);
+            s.regions.displaced.push(q.region.page_addr(q.lo), q);
         }
         if r.dead.load(Ordering::Acquire) {
             // A displaced piece of a region torn down meanwhile: nothing to follow.
             if let Some(d) = displaced {
-                s.displaced.done(s, d);
+                s.regions.displaced.done(s, d);
             }
             continue;
         }
@@ -428,8 +238,8 @@ fn remap(s: &Shared, from: usize, to: usize, len: usize) {
             }
         }
         match displaced {
-            Some(d) => s.displaced.done(s, d),
-            None if r.extents.load(Ordering::Acquire) == 0 && !s.displaced.holds(r) => teardown(s, r),
+            Some(d) => s.regions.displaced.done(s, d),
+            None if r.extents.load(Ordering::Acquire) == 0 && !s.regions.displaced.holds(r) => teardown(s, r),
             None => {}
         }
     }
@@ -462,7 +272,7 @@ fn transfer(s: &Shared, old: &RegionInner, lo: usize, hi: usize, new: &Arc<Regio
                 }
                 move_mirror(s, old, run, new, run - lo, i - run);
             }
-            s.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((new.id, nb / BLOCK_PAGES));
+            s.acct.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((new.id, nb / BLOCK_PAGES));
         }
         for i in b..e {
             let o = olds[i - b];
@@ -527,44 +337,21 @@ fn move_mirror_run(s: &Shared, old: &RegionInner, from: usize, new: &RegionInner
                 let page = unsafe { std::slice::from_raw_parts(old.mirror_addr(from + k) as *const u8, PAGE_SIZE) };
                 if let Err(e) = s.mirror_uffd.copy(new.mirror_addr(to + k), page, true, false) {
                     if !matches!(e, uffd::Error::PageExist { .. }) {
-                        crate::fault::fatal(&format!("cannot follow an mremap'd staged page: {e}"));
+                        crate::sys::fatal(&format!("cannot follow an mremap'd staged page: {e}"));
                     }
                 }
                 k += 1;
             }
             // A hole after all (a staged zero page): the new mirror reads zeros there too.
             Err(uffd::Error::NoPage { done_bytes, .. }) => k += done_bytes / PAGE_SIZE + 1,
-            Err(e) => crate::fault::fatal(&format!("cannot follow an mremap'd staged page: {e}")),
+            Err(e) => crate::sys::fatal(&format!("cannot follow an mremap'd staged page: {e}")),
         }
     }
 }
 
-/// Frees everything region `r` still holds and unmaps its mirror. Its program range is
-/// already unmapped or moved away, and it is out of the map.
-pub(crate) fn teardown(s: &Shared, r: &RegionInner) {
-    r.dead.store(true, Ordering::SeqCst);
-    // Wait for reclaim to finish anything it started on this region.
-    let guard = r.reclaim_lock.write().unwrap_or_else(|e| e.into_inner());
-    if r.gone.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    s.trail.mark(What::Teardown, r.start, r.start + r.len_bytes(), 0, r.id);
-    discard(s, r, 0, r.n_pages);
-    let len = pages_to_bytes(r.n_pages);
-    let _ = s.mirror_uffd.unregister(r.mirror, len);
-    // SAFETY: every pte is None, the region is out of the map and dead: nothing will look
-    // at its mirror again (fault threads only touch mirror pages of locked staged ptes).
-    unsafe {
-        let _ = sys::munmap(r.mirror, len);
-    }
-    drop(guard);
-    s.refresh_metadata();
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{outside, RemappedFrom};
-    use std::time::{Duration, Instant};
+    use super::outside;
 
     #[test]
     fn outside_is_the_range_less_its_holes() {
@@ -581,21 +368,5 @@ mod tests {
         assert_eq!(outside(0x1000, 0x9000, &[(0x0, 0xa000)]), vec![]);
         // Holes past the end change nothing.
         assert_eq!(outside(0x1000, 0x2000, &[(0x3000, 0x4000), (0x5000, 0x6000)]), vec![(0x1000, 0x2000)]);
-    }
-
-    #[test]
-    fn a_moved_range_is_pending_until_an_unmap_over_it_or_the_wait_ends() {
-        let t0 = Instant::now();
-        let r = RemappedFrom::default();
-        r.moved(0x10000, 0x20000, t0);
-        r.moved(0x50000, 0x60000, t0);
-        assert!(r.pending(0x1f000, 0x30000, t0), "overlaps the first");
-        assert!(!r.pending(0x20000, 0x50000, t0), "between the two: touches neither");
-        assert_eq!(r.unmapped(0x18000, 0x19000), vec![(0x10000, 0x20000)], "the whole old range is the UNMAP's");
-        assert!(!r.pending(0x10000, 0x20000, t0), "an UNMAP over part of it ends the wait");
-        assert!(r.pending(0x50000, 0x51000, t0), "the other still waits");
-        assert!(r.pending(0x50000, 0x51000, t0 + RemappedFrom::WAIT - Duration::from_millis(1)));
-        assert!(!r.pending(0x50000, 0x51000, t0 + RemappedFrom::WAIT), "no UNMAP came: forgotten");
-        assert!(!r.pending(0x50000, 0x51000, t0), "and gone for good");
     }
 }

@@ -35,43 +35,33 @@ use std::time::Duration;
 use crate::backend::compress::{compress_uncounted, decompress, COMPRESS_BUF_BYTES};
 use crate::backend::file::{FileError, UnitCache, UnitWriter};
 use crate::backend::pool::PoolHandle;
-use crate::fault::fatal;
+use crate::mm::slots::{count_recompressible, recompressible};
+use crate::mm::Shared;
 use crate::page::PAGE_SIZE;
-use crate::pager::{DrainReport, Shared};
 use crate::policy::pool_share::Change;
 use crate::swap::{SwapEntry, SwapSpace, Tag};
+use crate::sys::fatal;
+
+/// What a [`Pager::drain`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DrainReport {
+    /// Pages moved off the tier.
+    pub moved: u64,
+    /// Pages whose record could not be read (left in place; their next touch gets SIGBUS).
+    pub unreadable: u64,
+    /// Pages left on the tier (unreadable, or nowhere to put them).
+    pub left: u64,
+    /// The file's size afterwards, bytes.
+    pub file_len_bytes: u64,
+}
 
 /// Clusters written back per step (up to 1024 objects, ~16 units of 64 KiB).
 const WRITEBACK_CLUSTERS: usize = 2;
 /// Writeback, once started, goes on until the pool is under this share of its limit.
 pub const ACCEPT_THRESHOLD_PERCENT: u64 = 90;
-/// Objects shorter than this are not worth recompressing.
-const RECOMPRESS_MIN_BYTES: usize = 256;
 /// Clusters one writeback step walks past recompressed objects, looking for objects to
 /// recompress, before it writes the recompressed ones back.
 const RECOMPRESS_WALK_CLUSTERS: usize = 64;
-
-/// Whether pool entry `e` is one recompression could still shrink: in the pool's
-/// compressor, compressed (not a raw page) and not tiny, with a recompression codec set.
-pub(crate) fn recompressible(s: &Shared, e: SwapEntry) -> bool {
-    s.config.recompress.is_some_and(|c| c != s.config.compressor)
-        && e.tag() == Tag::Pool
-        && !e.recompressed()
-        && (RECOMPRESS_MIN_BYTES..PAGE_SIZE).contains(&e.addr_len().1)
-}
-
-/// Counts pool entry `e` into `Shared::pool_recompressible` when it is placed (`placed`),
-/// or out when its object is freed or moved, if it is [`recompressible`].
-pub(crate) fn count_recompressible(s: &Shared, e: SwapEntry, placed: bool) {
-    if !recompressible(s, e) {
-        return;
-    }
-    if placed {
-        s.pool_recompressible.fetch_add(1, Ordering::Relaxed);
-    } else {
-        let _ = s.pool_recompressible.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-    }
-}
 
 pub(crate) struct Writeback {
     s: Arc<Shared>,
@@ -93,7 +83,7 @@ const IDLE_STEPS_FAILING: u32 = 3;
 
 /// The writeback thread's loop.
 pub(crate) fn writeback_thread(s: Arc<Shared>) {
-    crate::pager::lower_priority(&s, "writeback");
+    crate::sys::lower_priority(s.config.background_nice, s.config.background_idle, "writeback");
     let mut w = match Writeback::new(s) {
         Ok(w) => w,
         Err(e) => fatal(&format!("writeback cannot map its write buffer: {e}")),
@@ -103,19 +93,19 @@ pub(crate) fn writeback_thread(s: Arc<Shared>) {
     let mut last_delete = std::time::Instant::now();
     let mut last_tick = std::time::Instant::now();
     loop {
-        w.s.wb_kick.wait(Duration::from_millis(10));
-        if w.s.shutdown.load(Ordering::Acquire) {
+        w.s.wake.wb_kick.wait(Duration::from_millis(10));
+        if w.s.wake.shutdown.load(Ordering::Acquire) {
             return;
         }
-        if w.s.pool_share.is_adaptive() && last_tick.elapsed() >= Duration::from_millis(10) {
+        if w.s.tiers.pool_share.is_adaptive() && last_tick.elapsed() >= Duration::from_millis(10) {
             last_tick = std::time::Instant::now();
-            match w.s.pool_share.tick(w.s.counters.workingset_refault.load(Ordering::Relaxed)) {
+            match w.s.tiers.pool_share.tick(w.s.counters.workingset_refault.load(Ordering::Relaxed)) {
                 Change::Grew => w.s.counters.pool_limit_grow.fetch_add(1, Ordering::Relaxed),
                 Change::Shrank => w.s.counters.pool_limit_shrink.fetch_add(1, Ordering::Relaxed),
                 Change::Kept => 0,
             };
         }
-        if let Some(r) = &w.s.remote {
+        if let Some(r) = &w.s.tiers.remote {
             if r.deletes_due() || (last_delete.elapsed() > Duration::from_secs(1) && !r.is_down()) {
                 r.flush_deletes(&w.s.counters);
                 last_delete = std::time::Instant::now();
@@ -123,12 +113,12 @@ pub(crate) fn writeback_thread(s: Arc<Shared>) {
         }
         let max = w.s.pool_limit();
         loop {
-            if w.s.shutdown.load(Ordering::Acquire) || w.s.file_off.load(Ordering::Acquire) {
+            if w.s.wake.shutdown.load(Ordering::Acquire) || w.s.tiers.file_off.load(Ordering::Acquire) {
                 break;
             }
-            let pool = w.s.pool.total_bytes();
+            let pool = w.s.tiers.pool.total_bytes();
             active = if active { pool > max / 100 * ACCEPT_THRESHOLD_PERCENT } else { pool > max };
-            let wanted = w.s.wb_wanted.swap(false, Ordering::AcqRel);
+            let wanted = w.s.wake.wb_wanted.swap(false, Ordering::AcqRel);
             if !active && !wanted {
                 break;
             }
@@ -136,8 +126,9 @@ pub(crate) fn writeback_thread(s: Arc<Shared>) {
             idle_steps = if n == 0 { idle_steps.saturating_add(1) } else { 0 };
             // A step that wrote nothing because its clusters' objects were busy or had a
             // second chance coming is not a failure: faults keep waiting for the next one.
-            let failing = n == 0 && w.s.pool.stored_objects() > 0 && (w.failed || idle_steps >= IDLE_STEPS_FAILING);
-            w.s.wb_failing.store(failing, Ordering::Release);
+            let failing =
+                n == 0 && w.s.tiers.pool.stored_objects() > 0 && (w.failed || idle_steps >= IDLE_STEPS_FAILING);
+            w.s.wake.wb_failing.store(failing, Ordering::Release);
             w.s.kick_reclaim();
             if n == 0 {
                 // Nothing could be written (all busy, or the disk refuses): try again later.
@@ -161,22 +152,22 @@ enum Claim {
 /// Locks `slot` for writeback if it holds a pool object that was not referenced since the
 /// last pass; a referenced one loses its bit instead (second chance).
 fn claim_pool_slot(s: &Shared, slot: u64) -> Claim {
-    let e = s.swap.load(slot);
+    let e = s.tiers.swap.load(slot);
     if e.tag() != Tag::Pool {
         return Claim::Skip;
     }
     if e.locked() {
         return Claim::LeftBehind;
     }
-    let Some(e) = s.swap.try_lock(slot) else {
+    let Some(e) = s.tiers.swap.try_lock(slot) else {
         return Claim::LeftBehind;
     };
     if e.tag() != Tag::Pool {
-        s.swap.unlock(slot, e, e);
+        s.tiers.swap.unlock(slot, e, e);
         return Claim::Skip;
     }
     if e.referenced() {
-        s.swap.unlock(slot, e, e.with_referenced(false));
+        s.tiers.swap.unlock(slot, e, e.with_referenced(false));
         return Claim::LeftBehind;
     }
     Claim::Got(e)
@@ -184,7 +175,7 @@ fn claim_pool_slot(s: &Shared, slot: u64) -> Claim {
 
 impl Writeback {
     pub(crate) fn new(s: Arc<Shared>) -> std::io::Result<Writeback> {
-        let writer = match s.file {
+        let writer = match s.tiers.file {
             Some(_) => Some(UnitWriter::new(s.config.file_unit_bytes)?),
             None => None,
         };
@@ -218,7 +209,7 @@ impl Writeback {
             return false;
         };
         // SAFETY: the entry is locked, so the object stays allocated while we read it.
-        let obj = unsafe { s.pool.object(handle, len) };
+        let obj = unsafe { s.tiers.pool.object(handle, len) };
         // An object that does not decompress is written back as it is: its reader reports it.
         if decompress(s.config.compressor, obj, &mut self.page).is_err() {
             return false;
@@ -227,12 +218,12 @@ impl Writeback {
             s.counters.pool_recompress_rejected.fetch_add(1, Ordering::Relaxed);
             return false;
         };
-        let Ok(new_handle) = s.pool.store(&self.recompressed[..n]) else {
+        let Ok(new_handle) = s.tiers.pool.store(&self.recompressed[..n]) else {
             return false;
         };
         let new = e.with_place(Tag::Pool, SwapEntry::pool(new_handle.raw(), n).with_recompressed(true).location());
-        s.swap.unlock(slot, e, new);
-        s.pool.free(handle, len);
+        s.tiers.swap.unlock(slot, e, new);
+        s.tiers.pool.free(handle, len);
         count_recompressible(s, e, false);
         s.counters.pool_recompressed.fetch_add(1, Ordering::Relaxed);
         true
@@ -246,19 +237,20 @@ impl Writeback {
         // A remote that cannot keep up (the pool half again over its limit) counts as slow:
         // with a file tier, this step goes there instead.
         let pool_max = s.pool_limit();
-        let remote_behind = s.file.is_some() && s.pool.total_bytes() > pool_max.saturating_add(pool_max / 2);
-        if !remote_behind && s.remote.as_ref().is_some_and(|r| !r.is_down()) {
+        let remote_behind =
+            s.tiers.file.is_some() && s.tiers.pool.total_bytes() > pool_max.saturating_add(pool_max / 2);
+        if !remote_behind && s.tiers.remote.as_ref().is_some_and(|r| !r.is_down()) {
             if let Some(n) = self.writeback_remote(n_clusters) {
                 return n;
             }
         }
-        if s.file.is_none() {
+        if s.tiers.file.is_none() {
             self.failed = true;
             return 0;
         }
         // Drain holds this while it empties the file: no new units meanwhile.
-        let _gate = s.file_gate.read().unwrap_or_else(|e| e.into_inner());
-        if s.file_off.load(Ordering::Acquire) {
+        let _gate = s.tiers.file_gate.read().unwrap_or_else(|e| e.into_inner());
+        if s.tiers.file_off.load(Ordering::Acquire) {
             self.failed = true;
             return 0;
         }
@@ -269,10 +261,10 @@ impl Writeback {
         let mut written = 0;
         // Recompressed objects wait while recompression can still make room elsewhere in
         // the pool; the step then walks on, up to RECOMPRESS_WALK_CLUSTERS, to find it.
-        let defer = !self.no_defer && s.pool_recompressible.load(Ordering::Relaxed) > 0;
+        let defer = !self.no_defer && s.tiers.pool_recompressible.load(Ordering::Relaxed) > 0;
         let mut deferred = 0;
         let mut walked = 0;
-        let mut queue: VecDeque<u32> = s.swap.take_coldest(n_clusters).into();
+        let mut queue: VecDeque<u32> = s.tiers.swap.take_coldest(n_clusters).into();
         'clusters: while let Some(cid) = queue.pop_front() {
             walked += 1;
             let mut left_behind = false;
@@ -286,7 +278,7 @@ impl Writeback {
                     }
                 };
                 if e.recompressed() && defer {
-                    s.swap.unlock(slot, e, e);
+                    s.tiers.swap.unlock(slot, e, e);
                     deferred += 1;
                     left_behind = true;
                     continue;
@@ -299,22 +291,22 @@ impl Writeback {
                 }
                 let (h, len) = e.addr_len();
                 let Some(handle) = PoolHandle::from_raw(h) else {
-                    s.swap.unlock(slot, e, e);
+                    s.tiers.swap.unlock(slot, e, e);
                     continue;
                 };
                 // SAFETY: the entry is locked, so the object stays allocated while we copy.
-                let obj = unsafe { s.pool.object(handle, len) };
+                let obj = unsafe { s.tiers.pool.object(handle, len) };
                 let off = match w.push(slot, obj) {
                     Some(off) => off,
                     None => {
                         match self.commit_writeback(&mut w, &mut held) {
                             Some(n) => written += n,
                             None => {
-                                s.swap.unlock(slot, e, e);
+                                s.tiers.swap.unlock(slot, e, e);
                                 // The clusters not done yet keep their (cold) place in line.
-                                s.swap.requeue_cold(cid);
+                                s.tiers.swap.requeue_cold(cid);
                                 for cid in queue.drain(..) {
-                                    s.swap.requeue_cold(cid);
+                                    s.tiers.swap.requeue_cold(cid);
                                 }
                                 break 'clusters;
                             }
@@ -322,7 +314,7 @@ impl Writeback {
                         match w.push(slot, obj) {
                             Some(off) => off,
                             None => {
-                                s.swap.unlock(slot, e, e);
+                                s.tiers.swap.unlock(slot, e, e);
                                 continue;
                             }
                         }
@@ -331,10 +323,10 @@ impl Writeback {
                 held.push((slot, e, off));
             }
             if left_behind {
-                s.swap.requeue_cold(cid);
+                s.tiers.swap.requeue_cold(cid);
             }
             if queue.is_empty() && written == 0 && deferred > 0 && walked < RECOMPRESS_WALK_CLUSTERS {
-                queue.extend(s.swap.take_coldest(1));
+                queue.extend(s.tiers.swap.take_coldest(1));
             }
         }
         // A step that only deferred makes the next one write recompressed objects back:
@@ -355,10 +347,10 @@ impl Writeback {
     /// in the pool, its clusters stay cold, and the caller tries the file).
     fn writeback_remote(&mut self, n_clusters: usize) -> Option<usize> {
         let s = self.s.clone();
-        let remote = s.remote.as_ref()?;
+        let remote = s.tiers.remote.as_ref()?;
         // Reclaim holds off filling the pool while this lasts (see `Shared::pool_backpressure`).
         let _in_flight = remote.batch_started();
-        let clusters = s.swap.take_coldest(n_clusters);
+        let clusters = s.tiers.swap.take_coldest(n_clusters);
         let mut held: Vec<(u64, SwapEntry)> = Vec::new();
         let mut requeue = Vec::new();
         let mut recompressed = 0;
@@ -374,7 +366,7 @@ impl Writeback {
                     }
                 };
                 if PoolHandle::from_raw(e.addr_len().0).is_none() {
-                    s.swap.unlock(slot, e, e);
+                    s.tiers.swap.unlock(slot, e, e);
                     continue;
                 }
                 if self.try_recompress(slot, e) {
@@ -390,7 +382,7 @@ impl Writeback {
         }
         if held.is_empty() {
             for cid in requeue {
-                s.swap.requeue_cold(cid);
+                s.tiers.swap.requeue_cold(cid);
             }
             return Some(recompressed);
         }
@@ -401,14 +393,14 @@ impl Writeback {
                 let handle = PoolHandle::from_raw(h).expect("checked above");
                 // SAFETY: the entry is locked, so the object stays allocated until it is
                 // unlocked below, after the batch no longer refers to it.
-                (slot, unsafe { s.pool.object(handle, len) })
+                (slot, unsafe { s.tiers.pool.object(handle, len) })
             })
             .collect();
         let res = remote.put_batch(&items, &s.counters);
         drop(items);
         match res {
             Ok(versions) => {
-                s.wb_failing.store(false, Ordering::Release);
+                s.wake.wb_failing.store(false, Ordering::Release);
                 if let Some(outage) = remote.mark_written() {
                     if self.warned_remote_error {
                         // The next outage is worth a line of its own.
@@ -421,30 +413,33 @@ impl Writeback {
                     let (h, len) = e.addr_len();
                     let place = SwapEntry::pool(version, len).with_recompressed(e.recompressed());
                     let new = e.with_place(Tag::Remote, place.location());
-                    s.swap.unlock(slot, e, new);
+                    s.tiers.swap.unlock(slot, e, new);
                     if let Some(handle) = PoolHandle::from_raw(h) {
-                        s.pool.free(handle, len);
+                        s.tiers.pool.free(handle, len);
                         count_recompressible(&s, e, false);
                     }
                     s.counters.zswpwb.fetch_add(1, Ordering::Relaxed);
                 }
                 for cid in requeue {
-                    s.swap.requeue_cold(cid);
+                    s.tiers.swap.requeue_cold(cid);
                 }
                 Some(n + recompressed)
             }
             Err(err) => {
                 if !self.warned_remote_error {
                     self.warned_remote_error = true;
-                    let next =
-                        if s.file.is_some() { "writing back to the file tier" } else { "keeping pages in the pool" };
+                    let next = if s.tiers.file.is_some() {
+                        "writing back to the file tier"
+                    } else {
+                        "keeping pages in the pool"
+                    };
                     eprintln!("tierswap: remote writeback failed: {err}; {next} until the remote answers again");
                 }
                 for (slot, e) in held {
-                    s.swap.unlock(slot, e, e);
+                    s.tiers.swap.unlock(slot, e, e);
                 }
                 for &cid in &clusters {
-                    s.swap.requeue_cold(cid);
+                    s.tiers.swap.requeue_cold(cid);
                 }
                 None
             }
@@ -454,7 +449,7 @@ impl Writeback {
     /// Writes the unit and moves the held entries (locked, in the pool) to the file; on
     /// error unlocks them unchanged. Returns entries moved, or None on error.
     fn commit_writeback(&mut self, w: &mut UnitWriter, held: &mut Vec<(u64, SwapEntry, usize)>) -> Option<usize> {
-        let file = self.s.file.as_ref()?;
+        let file = self.s.tiers.file.as_ref()?;
         let res = file.write_unit(w);
         let io_bytes = w.io_bytes() as u64;
         w.clear();
@@ -467,9 +462,9 @@ impl Writeback {
                     let (h, len) = e.addr_len();
                     let place = SwapEntry::file(base + off as u64, len).with_recompressed(e.recompressed());
                     let new = e.with_place(Tag::File, place.location());
-                    self.s.swap.unlock(slot, e, new);
+                    self.s.tiers.swap.unlock(slot, e, new);
                     if let Some(handle) = PoolHandle::from_raw(h) {
-                        self.s.pool.free(handle, len);
+                        self.s.tiers.pool.free(handle, len);
                         count_recompressible(&self.s, e, false);
                     }
                     self.s.counters.zswpwb.fetch_add(1, Ordering::Relaxed);
@@ -486,7 +481,7 @@ impl Writeback {
                     eprintln!("tierswap: pool writeback failed: {err}; keeping pages in the pool (the footprint may exceed the budget)");
                 }
                 for (slot, e, _) in held.drain(..) {
-                    self.s.swap.unlock(slot, e, e);
+                    self.s.tiers.swap.unlock(slot, e, e);
                 }
                 None
             }
@@ -501,33 +496,33 @@ impl Writeback {
 /// lock. The file shrinks to nothing as its units empty.
 pub(crate) fn drain_file(s: &Arc<Shared>) -> DrainReport {
     let mut report = DrainReport::default();
-    let Some(file) = s.file.as_ref() else {
+    let Some(file) = s.tiers.file.as_ref() else {
         return report;
     };
-    s.file_off.store(true, Ordering::Release);
-    drop(s.file_gate.write().unwrap_or_else(|e| e.into_inner()));
+    s.tiers.file_off.store(true, Ordering::Release);
+    drop(s.tiers.file_gate.write().unwrap_or_else(|e| e.into_inner()));
     let mut cache = match UnitCache::new(file.unit_bytes()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("tierswap: drain cannot map a read buffer: {e}");
-            report.left = s.swap.count(Tag::File);
+            report.left = s.tiers.swap.count(Tag::File);
             report.file_len_bytes = file.file_len_bytes();
             return report;
         }
     };
     let mut payload = vec![0u8; PAGE_SIZE];
     let mut unreadable = std::collections::HashSet::new();
-    for cid in 0..s.swap.clusters_ever_used() {
-        if s.shutdown.load(Ordering::Acquire) {
+    for cid in 0..s.tiers.swap.clusters_ever_used() {
+        if s.wake.shutdown.load(Ordering::Acquire) {
             break;
         }
         for slot in SwapSpace::cluster_slots(cid) {
-            if s.swap.load(slot).tag() != Tag::File {
+            if s.tiers.swap.load(slot).tag() != Tag::File {
                 continue;
             }
-            let e = s.swap.lock(slot);
+            let e = s.tiers.swap.lock(slot);
             if e.tag() != Tag::File {
-                s.swap.unlock(slot, e, e);
+                s.tiers.swap.unlock(slot, e, e);
                 continue;
             }
             let (off, len) = e.addr_len();
@@ -541,16 +536,16 @@ pub(crate) fn drain_file(s: &Arc<Shared>) -> DrainReport {
                     }
                     eprintln!("tierswap: drain leaves slot {slot} on the file: {err}");
                     unreadable.insert(slot);
-                    s.swap.unlock(slot, e, e);
+                    s.tiers.swap.unlock(slot, e, e);
                     continue;
                 }
             }
-            let handle = match s.pool.store(&payload[..len]) {
+            let handle = match s.tiers.pool.store(&payload[..len]) {
                 Ok(h) => h,
                 Err(err) => {
                     eprintln!("tierswap: drain stops: the pool cannot take more ({err:?})");
-                    s.swap.unlock(slot, e, e);
-                    report.left = s.swap.count(Tag::File);
+                    s.tiers.swap.unlock(slot, e, e);
+                    report.left = s.tiers.swap.count(Tag::File);
                     report.unreadable = unreadable.len() as u64;
                     report.file_len_bytes = file.file_len_bytes();
                     return report;
@@ -558,7 +553,7 @@ pub(crate) fn drain_file(s: &Arc<Shared>) -> DrainReport {
             };
             let place = SwapEntry::pool(handle.raw(), len).with_recompressed(e.recompressed());
             let new = e.with_place(Tag::Pool, place.location());
-            s.swap.unlock(slot, e, new);
+            s.tiers.swap.unlock(slot, e, new);
             count_recompressible(s, new, true);
             file.free(off, len);
             report.moved += 1;
@@ -570,7 +565,7 @@ pub(crate) fn drain_file(s: &Arc<Shared>) -> DrainReport {
     }
     s.kick_reclaim();
     report.unreadable = unreadable.len() as u64;
-    report.left = s.swap.count(Tag::File);
+    report.left = s.tiers.swap.count(Tag::File);
     report.file_len_bytes = file.file_len_bytes();
     report
 }

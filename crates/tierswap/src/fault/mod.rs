@@ -7,39 +7,34 @@
 //! and only wakes the waiters. Nothing here allocates on the fault path: each thread owns
 //! its buffers.
 
+pub(crate) mod signal;
+
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::compress::decompress;
-use crate::backend::file::{record_bytes, AlignedBuf, Served, UnitCache};
-use crate::backend::pool::PoolHandle;
+use crate::backend::file::{record_bytes, AlignedBuf, UnitCache};
 use crate::backend::remote::RemotePrefetch;
-use crate::backend::zero::fill_pattern;
 use crate::config::MAX_FAULT_AROUND_PAGES;
+use crate::mm::slots::{free_backend, put_slot, release_entry};
+use crate::mm::swap_io::{read_entry, IoBufs, ReadFail};
+use crate::mm::{Lookup, RegionInner, Shared};
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
-use crate::pager::{Lookup, RegionInner, Shared};
 use crate::pagetable::{Pte, PteState};
 use crate::policy::admission::range_of;
 use crate::swap::{SwapEntry, Tag};
-use crate::sys;
+use crate::sys::{self, fatal, pin_to_cpu};
 use crate::uffd::{self, Event};
 
 /// Per-thread buffers of the fault path.
 pub(crate) struct Scratch {
-    /// One page being assembled for UFFDIO_COPY.
-    pub(crate) page: AlignedBuf,
+    /// Reading swapped pages back.
+    pub(crate) io: IoBufs,
     /// The pages of a swap-in being assembled for UFFDIO_COPY (up to the largest swap-in).
     range: AlignedBuf,
     /// Per page of the swap-in range: what happens to it.
     plan: Vec<Planned>,
-    /// Compressed bytes read from the file.
-    pub(crate) compressed: Vec<u8>,
-    /// The last file bytes read (pages evicted together come back together).
-    pub(crate) unit: UnitCache,
-    /// Remote objects of the swap-in range, fetched in one round trip per node.
-    pub(crate) remote: RemotePrefetch,
     /// Serving in the faulting thread (signal mode): no readahead after the fault, which
     /// would delay the program instead of running beside it.
     pub(crate) in_thread: bool,
@@ -51,33 +46,12 @@ impl Scratch {
     pub(crate) fn new(unit_bytes: usize, swapin_max_pages: u32) -> std::io::Result<Scratch> {
         let max_pages = swapin_max_pages.max(1) as usize;
         Ok(Scratch {
-            page: AlignedBuf::new(PAGE_SIZE)?,
+            io: IoBufs::new(unit_bytes, max_pages)?,
             range: AlignedBuf::new(max_pages * PAGE_SIZE)?,
             plan: Vec::with_capacity(max_pages),
-            compressed: vec![0u8; PAGE_SIZE],
-            unit: UnitCache::new(unit_bytes)?,
-            remote: RemotePrefetch::new(max_pages),
             in_thread: false,
             direct: None,
         })
-    }
-}
-
-/// Why a slot's bytes could not be read.
-#[derive(Debug)]
-pub(crate) enum ReadFail {
-    /// Checksum or structure mismatch.
-    Corrupt(String),
-    /// IO error.
-    Io(String),
-}
-
-impl std::fmt::Display for ReadFail {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ReadFail::Corrupt(m) => write!(f, "corrupt: {m}"),
-            ReadFail::Io(m) => write!(f, "read error: {m}"),
-        }
     }
 }
 
@@ -86,7 +60,7 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
     if s.config.fault_pin {
         pin_to_cpu(index, "fault thread");
     }
-    s.watch.register(index);
+    s.wake.watch.register(index);
     // When this thread, leading, next looks where the program runs (watch.rs).
     let mut next_look = Instant::now();
     let mut scratch = match Scratch::new(s.config.file_unit_bytes, s.config.swapin_max_pages) {
@@ -108,14 +82,14 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
             }
         }
     }
-    let fds = [s.uffd.as_raw_fd(), s.mirror_uffd.as_raw_fd(), s.stop_fd.as_raw_fd()];
+    let fds = [s.uffd.as_raw_fd(), s.mirror_uffd.as_raw_fd(), s.wake.stop_fd.as_raw_fd()];
     // Every allocation of this thread's start is behind it: a fork may begin now.
     s.fault_thread_started();
-    while !s.shutdown.load(Ordering::Acquire) {
-        if !s.watch.polls(index) {
+    while !s.wake.shutdown.load(Ordering::Acquire) {
+        if !s.wake.watch.polls(index) {
             // A mirror fault (a hole the leader's direct reclaim reads, say) is served by
             // whoever is free: followers wait on the mirrors' userfaultfd too.
-            if s.watch.sleep(index, s.mirror_uffd.as_raw_fd(), s.stop_fd.as_raw_fd()) {
+            if s.wake.watch.sleep(index, s.mirror_uffd.as_raw_fd(), s.wake.stop_fd.as_raw_fd()) {
                 serve_mirror_faults(&s, &mut mirror_events);
             }
             last_served = None;
@@ -140,7 +114,7 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
         events.clear();
         {
             // Events are read and handled one reader at a time, in queue order (events.rs).
-            let _ev = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
+            let _ev = s.gates.event_lock.lock().unwrap_or_else(|e| e.into_inner());
             match s.read_program_events(&mut events, 64, spinning) {
                 Ok(0) if spinning => {
                     std::hint::spin_loop();
@@ -154,7 +128,7 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
         if !spin.is_zero() && !events.is_empty() {
             last_served = Some(Instant::now());
         }
-        if s.watch.note(index, &events) {
+        if s.wake.watch.note(index, &events) {
             s.counters.fault_follow_all.fetch_add(1, Ordering::Relaxed);
         }
         let mut served_tid = 0;
@@ -164,23 +138,9 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
             }
             serve_fault_event(&s, ev, &mut scratch);
         }
-        if s.watch.follow(index, served_tid, &mut next_look) {
+        if s.wake.watch.follow(index, served_tid, &mut next_look) {
             s.counters.fault_follow_moves.fetch_add(1, Ordering::Relaxed);
         }
-    }
-}
-
-/// Pins the calling thread, fault thread or reclaim helper (`what`) `index`, to the
-/// `index`-th CPU this process may run on (wrapping), so that a fault on any CPU finds one
-/// of each on that CPU (`PagerConfig::fault_pin`). A failure costs only speed: the thread
-/// stays unpinned and says so once.
-pub(crate) fn pin_to_cpu(index: usize, what: &str) {
-    let pinned = crate::sys::allowed_cpus().and_then(|cpus| match cpus.get(index % cpus.len().max(1)) {
-        Some(&cpu) => crate::sys::pin_thread(cpu),
-        None => Err(std::io::Error::from_raw_os_error(libc::ESRCH)),
-    });
-    if let Err(e) = pinned {
-        eprintln!("tierswap: {what} {index} stays unpinned: cannot set its CPU affinity: {e}");
     }
 }
 
@@ -197,7 +157,7 @@ fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<E
     if !crate::forkgate::is_closed() {
         return;
     }
-    let mut ev_lock = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ev_lock = s.gates.event_lock.lock().unwrap_or_else(|e| e.into_inner());
     events.clear();
     let fds = [s.uffd.as_raw_fd(), s.mirror_uffd.as_raw_fd()];
     let mut forks = 0;
@@ -218,7 +178,7 @@ fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<E
                 let new_forks = events[before..].iter().filter(|e| matches!(e, Event::Fork { .. })).count();
                 if new_forks > 0 {
                     // Faults served in the faulting threads wait for the snapshot.
-                    s.fork_hold.fetch_add(new_forks as u32, Ordering::SeqCst);
+                    s.fork.hold.fetch_add(new_forks as u32, Ordering::SeqCst);
                     forks += new_forks;
                 }
             }
@@ -226,15 +186,15 @@ fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<E
         let forker = crate::forkgate::forker();
         let forker_faulted =
             forker != 0 && events.iter().any(|e| matches!(e, Event::PageFault { tid, .. } if *tid as i32 == forker));
-        if forker_faulted || s.forker_waiting.load(Ordering::SeqCst) {
+        if forker_faulted || s.fork.forker_waiting.load(Ordering::SeqCst) {
             // The forking thread runs in user space (a fork handler, before or after the
             // fork itself), so malloc is free: handle the events read so far, the fork
             // snapshot included, then serve its fault. Other threads' faults wait.
             drop(no_alloc);
             handle_non_faults(s, events);
-            s.fork_hold.fetch_sub(forks as u32, Ordering::SeqCst);
+            s.fork.hold.fetch_sub(forks as u32, Ordering::SeqCst);
             forks = 0;
-            s.forker_waiting.store(false, Ordering::SeqCst);
+            s.fork.forker_waiting.store(false, Ordering::SeqCst);
             if forker_faulted {
                 // Without the event lock: serving may look for a region under it.
                 drop(ev_lock);
@@ -243,12 +203,12 @@ fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<E
                         serve_fault_event(s, std::mem::replace(ev, Event::Unknown(0)), scratch);
                     }
                 }
-                ev_lock = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
+                ev_lock = s.gates.event_lock.lock().unwrap_or_else(|e| e.into_inner());
             }
         }
     };
     handle_non_faults(s, events);
-    s.fork_hold.fetch_sub(forks as u32, Ordering::SeqCst);
+    s.fork.hold.fetch_sub(forks as u32, Ordering::SeqCst);
     drop(ev_lock);
     for ev in events.drain(..) {
         serve_fault_event(s, ev, scratch);
@@ -277,85 +237,6 @@ fn serve_fault_event(s: &Shared, ev: Event, scratch: &mut Scratch) {
     }
 }
 
-/// Serves a fault of a signal-mode pager in the faulting thread ([`crate::sigbus`]):
-/// `access` is (write, protection) from the CPU when known. Returns whether the address is
-/// this pager's (the signal then needs nothing more: the access is retried). `pass` 0 looks
-/// in the region map; 1 first waits out the events being handled (a region an mremap just
-/// moved); 2 tries a zero page, which succeeds only on a range registered on this pager's
-/// userfaultfd (memory an mremap grew, which stays unmanaged as in thread mode).
-pub(crate) fn serve_in_thread(s: &Shared, addr: usize, access: Option<(bool, bool)>, pass: u32) -> bool {
-    let page_addr = addr & !(PAGE_SIZE - 1);
-    // A fork holds the gate, or its snapshot is not taken yet: install nothing, let the
-    // access fault again (forkgate.rs). Only for the moment a fork takes. The forking
-    // thread itself (in a fork handler: malloc is free) is served, after any snapshot.
-    let busy = crate::forkgate::enter_unless_closed();
-    let forker = busy.is_none() && crate::forkgate::is_forker();
-    if busy.is_none() && !forker {
-        return true;
-    }
-    if forker {
-        while s.fork_hold.load(Ordering::SeqCst) > 0 {
-            s.forker_waiting.store(true, Ordering::SeqCst);
-            std::thread::yield_now();
-        }
-    } else if s.fork_hold.load(Ordering::SeqCst) > 0 {
-        return true;
-    }
-    if pass == 1 && !forker {
-        // (The forking thread skips it: a reader holds the event lock until the fork ends.)
-        s.sync_events();
-    }
-    let found = s.lookup(page_addr);
-    if let Lookup::Region(r, idx) = &found {
-        let idx = *idx;
-        if r.ptes.load(idx).is_poisoned() {
-            // A page that could not be read back carries a poison marker, and touching it
-            // raises SIGBUS too: with BUS_MCEERR_AR where the kernel has
-            // CONFIG_MEMORY_FAILURE, but with BUS_ADRERR, like a userfaultfd fault, where it
-            // has not (this VM's kernel). With the marker in place that SIGBUS is the
-            // program's: pass it on, in every pass (serving it, or mapping a zero page over
-            // it in the last, retried the access forever). A marker missing (it never took)
-            // is armed now and the access retried.
-            let old = r.ptes.lock(idx);
-            if old.state() == PteState::Present && old.is_poisoned() {
-                let there = matches!(
-                    s.guarded(r, || s.uffd.poison(page_addr, PAGE_SIZE, false)),
-                    Err(uffd::Error::PageExist { .. })
-                );
-                r.ptes.unlock(idx, old, old);
-                return !there;
-            }
-            r.ptes.unlock(idx, old, old);
-        }
-    }
-    if pass == 2 {
-        return match s.uffd.zeropage(page_addr, PAGE_SIZE, true) {
-            Ok(_) => {
-                s.counters.faults_unmanaged.fetch_add(1, Ordering::Relaxed);
-                true
-            }
-            // Ours, and present already or changing: the retry sorts it out.
-            Err(uffd::Error::PageExist { .. } | uffd::Error::Again { .. }) => true,
-            Err(_) => false,
-        };
-    }
-    let Lookup::Region(r, idx) = found else { return false };
-    let (write, protection) = access.unwrap_or_else(|| {
-        // No error code: a present page in our table means a write-protect fault.
-        let pte = r.ptes.load(idx);
-        (true, pte.state() == PteState::Present && !pte.is_poisoned())
-    });
-    drop(r);
-    s.counters.faults_in_thread.fetch_add(1, Ordering::Relaxed);
-    if protection {
-        handle_wp_fault(s, addr);
-    } else {
-        let mut scratch = s.signal_scratch();
-        handle_fault(s, addr, write, &mut scratch);
-    }
-    true
-}
-
 /// Serves faults on mirrors: only the pager reads mirrors, and only pages it staged; a
 /// hole there means the page was zero (it read as such before staging).
 fn serve_mirror_faults(s: &Shared, events: &mut Vec<Event>) {
@@ -376,12 +257,6 @@ fn serve_mirror_faults(s: &Shared, events: &mut Vec<Event>) {
             }
         }
     }
-}
-
-/// The pager cannot serve faults any more: the program would hang. Say so and abort.
-pub(crate) fn fatal(msg: &str) -> ! {
-    eprintln!("tierswap: {msg}; the program's memory can no longer be served, aborting");
-    std::process::abort()
 }
 
 fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
@@ -414,7 +289,7 @@ fn handle_fault(s: &Shared, addr: usize, write: bool, scratch: &mut Scratch) {
                 r.ptes.unlock(idx, old, old);
                 return;
             }
-            s.present_pages.fetch_add(1, Ordering::Relaxed);
+            s.acct.present_pages.fetch_add(1, Ordering::Relaxed);
             s.counters.faults_first_touch.fetch_add(1, Ordering::Relaxed);
             let around = first_touch_around(s, &r, idx, write);
             r.ptes.unlock(idx, old, Pte::present());
@@ -530,10 +405,10 @@ fn swap_in(
     // The file copy of the fault threads, shared: the next fault of a stream is often
     // served by the other thread. Taken only if free (else this thread's own); signal
     // mode keeps one per buffer, as its faulting threads run independent streams.
-    let mut shared_unit = if scratch.in_thread { None } else { s.unit_cache.as_ref().and_then(try_lock) };
+    let mut shared_unit = if scratch.in_thread { None } else { s.tiers.unit_cache.as_ref().and_then(try_lock) };
     let unit = match shared_unit.as_deref_mut() {
         Some(c) => c,
-        None => &mut scratch.unit,
+        None => &mut scratch.io.unit,
     };
     // Whole units when a readahead follows this lone page (which wants them); else what
     // the copy has learnt (see UnitCache).
@@ -550,7 +425,7 @@ fn swap_in(
         for j in first..end {
             let p = r.ptes.load(j);
             if j != idx && p.state() == PteState::Swapped && !p.locked() {
-                snapshot[j - first] = s.swap.load(p.payload()).tag();
+                snapshot[j - first] = s.tiers.swap.load(p.payload()).tag();
             }
         }
     }
@@ -560,8 +435,8 @@ fn swap_in(
     let pool_roomy = pool_roomy(s);
     // Remote pages of the range come in one round trip per node, fetched before any entry
     // is locked; each is opened against its locked entry (slot and version) when read below.
-    scratch.remote.clear();
-    if let Some(remote) = s.remote.as_ref() {
+    scratch.io.remote.clear();
+    if let Some(remote) = s.tiers.remote.as_ref() {
         let mut wants = [(0u64, 0usize); crate::config::MAX_SWAPIN_PAGES as usize];
         let mut w = 0;
         for j in first..end {
@@ -569,20 +444,20 @@ fn swap_in(
             if j != idx && snapshot[j - first] != Tag::Remote {
                 continue;
             }
-            let e = s.swap.load(slot);
+            let e = s.tiers.swap.load(slot);
             if e.tag() == Tag::Remote {
                 wants[w] = e.addr_len();
                 w += 1;
             }
         }
         if w > 1 {
-            remote.prefetch(&wants[..w], &mut scratch.remote, &s.counters);
+            remote.prefetch(&wants[..w], &mut scratch.io.remote, &s.counters);
         }
     }
     for j in first..end {
         let k = j - first;
         let (pte, e) = if j == idx {
-            (old, s.swap.lock(old.payload()))
+            (old, s.tiers.swap.lock(old.payload()))
         } else {
             if !snapshot[k].in_memory() && snapshot[k] != Tag::File && snapshot[k] != Tag::Remote {
                 continue;
@@ -591,18 +466,18 @@ fn swap_in(
                 continue;
             };
             let slot = p.payload();
-            let e = match s.swap.try_lock(slot) {
+            let e = match s.tiers.swap.try_lock(slot) {
                 // A remote neighbour comes only from the range's prefetch: it never waits
                 // for a round trip (or retries) of its own.
-                Some(e) if e.tag() == Tag::Remote && !scratch.remote.holds(e.addr_len().0) => {
-                    s.swap.unlock(slot, e, e);
+                Some(e) if e.tag() == Tag::Remote && !scratch.io.remote.holds(e.addr_len().0) => {
+                    s.tiers.swap.unlock(slot, e, e);
                     r.ptes.unlock(j, p, p);
                     continue;
                 }
                 Some(e) if e.tag() == snapshot[k] && e.count() == 1 => e,
                 other => {
                     if let Some(e) = other {
-                        s.swap.unlock(slot, e, e);
+                        s.tiers.swap.unlock(slot, e, e);
                     }
                     r.ptes.unlock(j, p, p);
                     fallback += 1;
@@ -620,7 +495,7 @@ fn swap_in(
 
     // The file records of the range in one read where they lie together: those of a large
     // swap-in, or a lone fault's and (when that has paid) the rest of its block's.
-    if let (Some(file), true) = (s.file.as_ref(), need.0 < need.1) {
+    if let (Some(file), true) = (s.tiers.file.as_ref(), need.0 < need.1) {
         let (block, witness) = if n == 1 && unit.wants_block() {
             block_records(s, r, idx, need, file.unit_bytes() as u64)
         } else {
@@ -637,7 +512,7 @@ fn swap_in(
             }
         }
         if let Some((slot, e)) = witness {
-            s.swap.unlock(slot, e, e);
+            s.tiers.swap.unlock(slot, e, e);
         }
     }
 
@@ -646,7 +521,7 @@ fn swap_in(
         let j = first + k;
         let slot = pte.payload();
         let buf = &mut scratch.range.as_mut_slice()[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
-        let kind = match read_entry(s, slot, e, buf, unit, &mut scratch.compressed, &scratch.remote) {
+        let kind = match read_entry(s, slot, e, buf, unit, &mut scratch.io.compressed, &scratch.io.remote) {
             Ok(true) => Kind::Data,
             Ok(false) => Kind::Zero,
             Err(fail) if j == idx && !s.is_leaving(r) => {
@@ -660,7 +535,7 @@ fn swap_in(
                 // its retried access reads zeros), a REMAP moves it, swapped, and the access
                 // at its new place reports it. A fault served in its own thread meets this
                 // (it does not queue behind the events as a fault thread's message does).
-                s.swap.unlock(slot, e, e);
+                s.tiers.swap.unlock(slot, e, e);
                 r.ptes.unlock(j, pte, pte);
                 *planned = Planned::SKIP;
                 continue;
@@ -740,7 +615,7 @@ fn swap_in(
                 // Judged while the slot still carries its eviction time.
                 let new = if j == idx { workingset_refault(s, slot, new) } else { new };
                 if p.keep {
-                    s.swap.unlock(slot, p.entry, kept_entry(s, p.entry));
+                    s.tiers.swap.unlock(slot, p.entry, kept_entry(s, p.entry));
                 } else {
                     release_entry(s, slot, p.entry);
                 }
@@ -755,12 +630,12 @@ fn swap_in(
                 from_tag = Some(p.entry.tag());
             }
             Kind::Skip => {
-                s.swap.unlock(slot, p.entry, p.entry);
+                s.tiers.swap.unlock(slot, p.entry, p.entry);
                 r.ptes.unlock(j, pte, pte);
             }
         }
     }
-    s.present_pages.fetch_add(installed, Ordering::Relaxed);
+    s.acct.present_pages.fetch_add(installed, Ordering::Relaxed);
     s.counters.faults_swapped.fetch_add(1, Ordering::Relaxed);
     if installed > 1 {
         s.counters.swpin_large.fetch_add(1, Ordering::Relaxed);
@@ -789,7 +664,7 @@ fn swap_in(
 /// ~110 MiB of a 128 MiB limit) kept nothing, and every page refaulted in order was
 /// compressed again when evicted: usemem refaulted 2.2× slower than with lz4.
 fn pool_roomy(s: &Shared) -> bool {
-    s.pool.total_bytes() < s.pool_limit()
+    s.tiers.pool.total_bytes() < s.pool_limit()
 }
 
 /// Whether a page read from locked entry `e` of `slot` comes in clean, keeping its slot (so
@@ -838,10 +713,10 @@ fn prefetch_stride(s: &Shared, r: &RegionInner, idx: usize, scratch: &mut Scratc
         return false;
     };
     s.counters.swap_prefetch_hit.fetch_add(p.passed as u64, Ordering::Relaxed);
-    let mut shared_unit = s.unit_cache.as_ref().and_then(try_lock);
+    let mut shared_unit = s.tiers.unit_cache.as_ref().and_then(try_lock);
     let unit = match shared_unit.as_deref_mut() {
         Some(c) => c,
-        None => &mut scratch.unit,
+        None => &mut scratch.io.unit,
     };
     // Stride pages evicted together lie together in the file: read whole units.
     unit.whole = true;
@@ -851,7 +726,7 @@ fn prefetch_stride(s: &Shared, r: &RegionInner, idx: usize, scratch: &mut Scratc
             break;
         }
         let j = p.first + k * p.step;
-        prefetch_page(s, r, j, unit, &mut scratch.page, &mut scratch.compressed, &scratch.remote);
+        prefetch_page(s, r, j, unit, &mut scratch.io.page, &mut scratch.io.compressed, &scratch.io.remote);
     }
     if s.footprint_bytes() > s.high_watermark() {
         s.kick_reclaim();
@@ -875,11 +750,11 @@ fn prefetch_page(
         return;
     };
     let slot = pte.payload();
-    let e = match s.swap.try_lock(slot) {
+    let e = match s.tiers.swap.try_lock(slot) {
         Some(e) if e.count() == 1 && e.tag() != Tag::Remote => e,
         other => {
             if let Some(e) = other {
-                s.swap.unlock(slot, e, e);
+                s.tiers.swap.unlock(slot, e, e);
             }
             r.ptes.unlock(j, pte, pte);
             return;
@@ -889,7 +764,7 @@ fn prefetch_page(
     let data = match read_entry(s, slot, e, page.as_mut_slice(), unit, compressed, remote) {
         Ok(data) => data,
         Err(_) => {
-            s.swap.unlock(slot, e, e);
+            s.tiers.swap.unlock(slot, e, e);
             r.ptes.unlock(j, pte, pte);
             return;
         }
@@ -905,18 +780,18 @@ fn prefetch_page(
     if let Err(err) = res {
         // The range is changing (an event in flight) or going: the page stays swapped.
         let _ = settle_install(s, addr, Err(err));
-        s.swap.unlock(slot, e, e);
+        s.tiers.swap.unlock(slot, e, e);
         r.ptes.unlock(j, pte, pte);
         return;
     }
     if keep {
-        s.swap.unlock(slot, e, e);
+        s.tiers.swap.unlock(slot, e, e);
         r.ptes.unlock(j, pte, Pte::present_clean(slot));
     } else {
         release_entry(s, slot, e);
         r.ptes.unlock(j, pte, Pte::present());
     }
-    s.present_pages.fetch_add(1, Ordering::Relaxed);
+    s.acct.present_pages.fetch_add(1, Ordering::Relaxed);
     s.counters.swap_prefetch.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -942,7 +817,7 @@ fn block_records(
         if j == idx || p.state() != PteState::Swapped || p.locked() {
             continue;
         }
-        let e = s.swap.load(p.payload());
+        let e = s.tiers.swap.load(p.payload());
         if e.tag() != Tag::File {
             continue;
         }
@@ -961,18 +836,18 @@ fn block_records(
         return (own, None);
     }
     let slot = side.3;
-    match s.swap.try_lock(slot) {
+    match s.tiers.swap.try_lock(slot) {
         Some(e) if e.tag() == Tag::File && e.addr_len().0 / unit_bytes != unit => {
             let u = e.addr_len().0 / unit_bytes;
             if u + 1 == unit || u == unit + 1 {
                 ((own.0.min(side.0), own.1.max(side.1)), Some((slot, e)))
             } else {
-                s.swap.unlock(slot, e, e);
+                s.tiers.swap.unlock(slot, e, e);
                 (own, None)
             }
         }
         Some(e) => {
-            s.swap.unlock(slot, e, e);
+            s.tiers.swap.unlock(slot, e, e);
             (own, None)
         }
         None => (own, None),
@@ -997,7 +872,7 @@ fn mostly_swapped(s: &Shared, r: &RegionInner, (first, end): (usize, usize)) -> 
         .map(|k| first + k * n / SAMPLES)
         .filter(|&j| {
             let p = r.ptes.load(j);
-            p.state() == PteState::Swapped && !p.locked() && s.swap.load(p.payload()).count() == 1
+            p.state() == PteState::Swapped && !p.locked() && s.tiers.swap.load(p.payload()).count() == 1
         })
         .count();
     swapped * 2 >= SAMPLES
@@ -1011,11 +886,11 @@ fn workingset_refault(s: &Shared, slot: u64, new: Pte) -> Pte {
     if !s.config.workingset {
         return new;
     }
-    let Some(distance) = s.swap.refault_distance(slot) else {
+    let Some(distance) = s.tiers.swap.refault_distance(slot) else {
         return new;
     };
     s.counters.workingset_refault.fetch_add(1, Ordering::Relaxed);
-    s.pool_share.note_refault(distance);
+    s.tiers.pool_share.note_refault(distance);
     if distance <= s.workingset_pages() {
         s.counters.workingset_activate.fetch_add(1, Ordering::Relaxed);
         new.with_active(true)
@@ -1100,10 +975,10 @@ fn readahead_range(idx: usize, window: usize, n_pages: usize, large: bool) -> (u
 /// are left alone: readahead is a guess and never waits.
 fn read_ahead(s: &Shared, r: &RegionInner, from: usize, to: usize, scratch: &mut Scratch) {
     // The copy the fault just read into, if free (see swap_in).
-    let mut shared_unit = if scratch.in_thread { None } else { s.unit_cache.as_ref().and_then(try_lock) };
+    let mut shared_unit = if scratch.in_thread { None } else { s.tiers.unit_cache.as_ref().and_then(try_lock) };
     let unit = match shared_unit.as_deref_mut() {
         Some(c) => c,
-        None => &mut scratch.unit,
+        None => &mut scratch.io.unit,
     };
     unit.whole = true;
     let mut read = 0u64;
@@ -1113,32 +988,40 @@ fn read_ahead(s: &Shared, r: &RegionInner, from: usize, to: usize, scratch: &mut
             continue;
         };
         let slot = old.payload();
-        let Some(e) = s.swap.try_lock(slot) else {
+        let Some(e) = s.tiers.swap.try_lock(slot) else {
             r.ptes.unlock(j, old, old);
             continue;
         };
         let ok = e.tag() == Tag::File
             && e.count() == 1
             && matches!(
-                read_entry(s, slot, e, scratch.page.as_mut_slice(), unit, &mut scratch.compressed, &scratch.remote),
+                read_entry(
+                    s,
+                    slot,
+                    e,
+                    scratch.io.page.as_mut_slice(),
+                    unit,
+                    &mut scratch.io.compressed,
+                    &scratch.io.remote
+                ),
                 Ok(true)
             )
-            && s.mirror_uffd.copy(r.mirror_addr(j), &scratch.page.as_slice()[..PAGE_SIZE], true, false).is_ok();
+            && s.mirror_uffd.copy(r.mirror_addr(j), &scratch.io.page.as_slice()[..PAGE_SIZE], true, false).is_ok();
         if !ok {
             // A failed read here is left for the page's own fault, which reports it.
-            s.swap.unlock(slot, e, e);
+            s.tiers.swap.unlock(slot, e, e);
             r.ptes.unlock(j, old, old);
             continue;
         }
         free_backend(s, e);
-        s.swap.unlock(slot, e, SwapEntry::FREE);
+        s.tiers.swap.unlock(slot, e, SwapEntry::FREE);
         r.ptes.unlock(j, old, Pte::staged_readahead());
-        s.staged_pages.fetch_add(1, Ordering::Relaxed);
+        s.acct.staged_pages.fetch_add(1, Ordering::Relaxed);
         read += 1;
         let block = j / BLOCK_PAGES;
         if block != last_block {
             // On the inactive list, like any staged block: evicted again if unused.
-            s.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((r.id, block));
+            s.acct.inactive.lock().unwrap_or_else(|e| e.into_inner()).push_back((r.id, block));
             last_block = block;
         }
     }
@@ -1161,7 +1044,7 @@ fn finish_fault(s: &Shared, t0: Instant) {
 /// shrink (a pool that could not be written back, metadata) already fills the budget:
 /// then the program goes on over budget, which reclaim counts and reports.
 fn wait_for_room(s: &Shared, direct: Option<&mut crate::reclaim::DirectReclaim>) {
-    let hopeless = || s.reclaim_stuck.load(Ordering::Relaxed) || s.footprint_floor() >= s.low_watermark();
+    let hopeless = || s.wake.reclaim_stuck.load(Ordering::Relaxed) || s.footprint_floor() >= s.low_watermark();
     if s.footprint_bytes() <= s.budget() || hopeless() {
         return;
     }
@@ -1178,17 +1061,17 @@ fn wait_for_room(s: &Shared, direct: Option<&mut crate::reclaim::DirectReclaim>)
     // Every fault thread polls while this one sleeps (watch.rs): another program thread's
     // fault must not wait for this one's room. Not before direct reclaim: ringing the
     // others then, ~1,600 times a 1 GiB fill, cost its swap-out 10 % (2.06 → 2.29 s).
-    if s.watch.release_all() {
+    if s.wake.watch.release_all() {
         s.counters.fault_follow_all.fetch_add(1, Ordering::Relaxed);
     }
     let deadline = Instant::now() + Duration::from_secs(2);
-    let (m, cv) = &s.room;
+    let (m, cv) = &s.wake.room;
     let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
-    while s.footprint_bytes() > s.budget() && !s.shutdown.load(Ordering::Relaxed) {
+    while s.footprint_bytes() > s.budget() && !s.wake.shutdown.load(Ordering::Relaxed) {
         s.kick_reclaim();
         if s.helpers > 0 {
             // A signal-mode fault: its thread sleeps here, and the helper on its CPU evicts.
-            s.helper_kick.kick_all();
+            s.wake.helper_kick.kick_all();
         }
         let now = Instant::now();
         if now >= deadline {
@@ -1290,7 +1173,7 @@ fn first_touch_around(s: &Shared, r: &RegionInner, idx: usize, write: bool) -> u
         r.ptes.unlock(k, olds[k - idx - 1], Pte::present());
     }
     unlock_unchanged_from(r, &olds, idx + 1, idx + 1 + done, end);
-    s.present_pages.fetch_add(done as i64, Ordering::Relaxed);
+    s.acct.present_pages.fetch_add(done as i64, Ordering::Relaxed);
     s.counters.fault_around_pages.fetch_add(done as u64, Ordering::Relaxed);
     r.first_touch_next.store(idx + 1 + done, Ordering::Relaxed);
     done
@@ -1313,7 +1196,7 @@ fn unlock_unchanged_from(r: &RegionInner, olds: &[Pte], base: usize, from: usize
 /// is only woken.
 fn unknown_fault(s: &Shared, page_addr: usize, write: bool) {
     {
-        let _ev = s.event_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _ev = s.gates.event_lock.lock().unwrap_or_else(|e| e.into_inner());
     }
     if let Lookup::Region(..) = s.lookup(page_addr) {
         // Managed now: let the thread fault again and be served as usual.
@@ -1321,7 +1204,7 @@ fn unknown_fault(s: &Shared, page_addr: usize, write: bool) {
         return;
     }
     let grown = sys::vma_of(page_addr)
-        .is_some_and(|(a, b)| !s.regions.read().unwrap_or_else(|e| e.into_inner()).overlapping(a, b).is_empty());
+        .is_some_and(|(a, b)| !s.regions.map.read().unwrap_or_else(|e| e.into_inner()).overlapping(a, b).is_empty());
     if !grown {
         s.trail.mark(crate::trail::What::Stale, page_addr, page_addr + PAGE_SIZE, 0, 0);
         s.counters.faults_stale.fetch_add(1, Ordering::Relaxed);
@@ -1399,8 +1282,8 @@ fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) -> Option<(usize, usi
         }
         moved_pages += move_back(s, r, run_start, i);
     }
-    s.staged_pages.fetch_sub(moved_pages, Ordering::Relaxed);
-    s.present_pages.fetch_add(moved_pages, Ordering::Relaxed);
+    s.acct.staged_pages.fetch_sub(moved_pages, Ordering::Relaxed);
+    s.acct.present_pages.fetch_add(moved_pages, Ordering::Relaxed);
     s.counters.fault_around_pages.fetch_add(moved_pages.saturating_sub(1) as u64, Ordering::Relaxed);
     s.counters.pgactivate.fetch_add(moved_pages as u64, Ordering::Relaxed);
     Some((block_start, block_end))
@@ -1510,149 +1393,6 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
         }
     }
     n
-}
-
-/// Reads the bytes of locked entry `e` (slot `slot`) into `page`. `Ok(false)` means a zero
-/// page (nothing written to `page`). File records go through `unit`, the copy of file
-/// bytes read last.
-pub(crate) fn read_entry(
-    s: &Shared,
-    slot: u64,
-    e: SwapEntry,
-    page: &mut [u8],
-    unit: &mut UnitCache,
-    compressed: &mut [u8],
-    remote_pf: &RemotePrefetch,
-) -> Result<bool, ReadFail> {
-    let page = &mut page[..PAGE_SIZE];
-    let codec = if e.recompressed() {
-        s.config.recompress.ok_or_else(|| {
-            ReadFail::Corrupt(format!("slot {slot} is marked recompressed, but this pager recompresses nothing"))
-        })?
-    } else {
-        s.config.compressor
-    };
-    match e.tag() {
-        Tag::Zero => {
-            s.counters.swpin_zero.fetch_add(1, Ordering::Relaxed);
-            Ok(false)
-        }
-        Tag::SameFilled => {
-            fill_pattern(page, e.pattern());
-            s.counters.swpin_samefill.fetch_add(1, Ordering::Relaxed);
-            Ok(true)
-        }
-        Tag::Pool => {
-            let (h, len) = e.addr_len();
-            let handle = PoolHandle::from_raw(h).ok_or_else(|| ReadFail::Corrupt(format!("bad pool handle {h:#x}")))?;
-            // SAFETY: the entry is locked and points at this object, so it stays allocated
-            // until we unlock.
-            let obj = unsafe { s.pool.object(handle, len) };
-            if len == PAGE_SIZE {
-                page.copy_from_slice(obj);
-            } else {
-                decompress(codec, obj, page).map_err(|err| {
-                    ReadFail::Corrupt(format!("pool object of slot {slot} does not decompress: {err}"))
-                })?;
-            }
-            s.counters.zswpin.fetch_add(1, Ordering::Relaxed);
-            Ok(true)
-        }
-        Tag::File => {
-            let file = s.file.as_ref().ok_or_else(|| ReadFail::Corrupt("file entry without a file tier".into()))?;
-            let (off, len) = e.addr_len();
-            let served = file.read_cached(off, len, slot, unit, compressed).map_err(|err| match err {
-                crate::backend::file::FileError::Corrupt { .. } => {
-                    s.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
-                    ReadFail::Corrupt(err.to_string())
-                }
-                _ => {
-                    s.counters.read_errors.fetch_add(1, Ordering::Relaxed);
-                    ReadFail::Io(err.to_string())
-                }
-            })?;
-            if served != Served::Cached && s.pool_share.is_adaptive() {
-                s.pool_share.note_file_read(file.bytes_written_since(off));
-            }
-            match served {
-                Served::Cached => s.counters.file_unit_hits.fetch_add(1, Ordering::Relaxed),
-                Served::Read => s.counters.file_unit_reads.fetch_add(1, Ordering::Relaxed),
-                Served::Filled => 0,
-            };
-            if len == PAGE_SIZE {
-                page.copy_from_slice(&compressed[..PAGE_SIZE]);
-            } else {
-                decompress(codec, &compressed[..len], page).map_err(|err| {
-                    ReadFail::Corrupt(format!("file record of slot {slot} does not decompress: {err}"))
-                })?;
-            }
-            s.counters.pswpin.fetch_add(1, Ordering::Relaxed);
-            Ok(true)
-        }
-        Tag::Remote => {
-            let remote =
-                s.remote.as_ref().ok_or_else(|| ReadFail::Corrupt("remote entry without a remote tier".into()))?;
-            let (version, len) = e.addr_len();
-            remote.get_prefetched(remote_pf, slot, version, len, compressed, &s.counters).map_err(|err| {
-                s.counters.remote_read_failed.fetch_add(1, Ordering::Relaxed);
-                ReadFail::Io(format!("remote tier: {err}"))
-            })?;
-            if len == PAGE_SIZE {
-                page.copy_from_slice(&compressed[..PAGE_SIZE]);
-            } else {
-                decompress(codec, &compressed[..len], page).map_err(|err| {
-                    ReadFail::Corrupt(format!("remote object of slot {slot} does not decompress: {err}"))
-                })?;
-            }
-            s.counters.remote_in.fetch_add(1, Ordering::Relaxed);
-            Ok(true)
-        }
-        Tag::Free | Tag::Reserved => Err(ReadFail::Corrupt(format!("slot {slot} is {:?}, not a placed page", e.tag()))),
-    }
-}
-
-/// Drops one reference to `slot`; the last one frees the slot and its backend storage.
-pub(crate) fn put_slot(s: &Shared, slot: u64) {
-    let e = s.swap.lock(slot);
-    release_entry(s, slot, e);
-}
-
-/// Drops one reference to locked entry `e` of `slot` and unlocks it: a slot shared with a
-/// forked child (count > 1) keeps its bytes for the others.
-pub(crate) fn release_entry(s: &Shared, slot: u64, e: SwapEntry) {
-    if e.count() > 1 {
-        s.swap.unlock(slot, e, e.with_count(e.count() - 1));
-        return;
-    }
-    free_backend(s, e);
-    s.swap.unlock(slot, e, SwapEntry::FREE);
-}
-
-/// Frees the storage behind a placed entry (not the slot).
-pub(crate) fn free_backend(s: &Shared, e: SwapEntry) {
-    match e.tag() {
-        Tag::Pool => {
-            let (h, len) = e.addr_len();
-            if let Some(handle) = PoolHandle::from_raw(h) {
-                s.pool.free(handle, len);
-                crate::writeback::count_recompressible(s, e, false);
-            }
-        }
-        Tag::File => {
-            if let Some(f) = &s.file {
-                let (off, len) = e.addr_len();
-                f.free(off, len);
-            }
-        }
-        Tag::Remote => {
-            if let Some(r) = &s.remote {
-                if r.free(e.addr_len().0) {
-                    s.kick_writeback(false);
-                }
-            }
-        }
-        _ => {}
-    }
 }
 
 /// A page that cannot be read is never returned as data: the faulting thread gets SIGBUS.

@@ -2,8 +2,8 @@
 //!
 //! Owns: the fork snapshot, one server thread per child, the hand-over of a child's pages
 //! when the parent goes, and (signal mode) the link a child asks for its pages through.
-//! Calls: the page table and the swap space (`fault::read_entry`, `fault::put_slot`), `uffd`
-//! on the child's userfaultfd, `sys` for the link's sockets.
+//! Calls: the memory manager (reading and releasing slots, the children's state in
+//! `mm::children`), `uffd` on the child's userfaultfd, `sys` for the link's sockets.
 //!
 //! With EVENT_FORK the kernel gives the parent's pager the child's userfaultfd, the child's
 //! copies of the program ranges registered with it. Present pages the kernel shares
@@ -31,7 +31,7 @@
 //! kernel unregisters the child's ranges and a page the child has not had yet would read
 //! as zeros. So before the parent's pager goes (its `Pager` dropped, or the process calling
 //! `exit`), every child server installs all the pages its child still needs, then stops
-//! ([`Children::hand_over`]). A parent killed by a signal cannot do that.
+//! (`mm::children::hand_over`). A parent killed by a signal cannot do that.
 //!
 //! **Signal mode.** A child's userfaultfd inherits UFFD_FEATURE_SIGBUS: its faults raise
 //! SIGBUS in the child instead of queueing a message, and the child has no pager threads.
@@ -53,22 +53,22 @@
 //!  request: | addr | flags (1 write, 2 present page) |   reply: | status (0 retry, 1 not ours) |
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
-use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::fault::{put_slot, read_entry, Scratch};
+use crate::mm::children::{Link, MAGIC};
+use crate::mm::slots::put_slot;
+use crate::mm::swap_io::{read_entry, IoBufs};
+use crate::mm::Shared;
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
-use crate::pager::Shared;
 use crate::pagetable::{PteState, PTES_PER_CHUNK};
 use crate::swap::entry::MAX_COUNT;
 use crate::sys;
-use crate::uffd::{self, Event, RegisterMode, Uffd};
+use crate::uffd::{self, Event, Uffd};
 
-/// "tswchild" in ASCII: the mailbox and the hello begin with it.
-const MAGIC: u64 = u64::from_be_bytes(*b"tswchild");
 /// Request flag: a write access.
 const REQ_WRITE: u64 = 1;
 /// Request flag: the page was present (a write-protect fault).
@@ -117,185 +117,10 @@ enum Install {
     Gone,
 }
 
-/// Where a served child's link is.
-enum Mail {
-    /// No hello yet.
-    Waiting,
-    /// Its hello came to another child's server: the link waits for its own.
-    Queued(OwnedFd),
-    /// Its server has it (a later hello for the id is refused).
-    Linked,
-}
-
-/// The children a pager serves: a part of [`Shared`].
-pub(crate) struct Children {
-    /// Child servers running; [`Children::hand_over`] waits for none. Guarded by its mutex.
-    live: (Mutex<usize>, Condvar),
-    /// The parent's pager is going: servers install everything their child still needs,
-    /// then stop.
-    handing_over: AtomicBool,
-    /// Rung (and left ringing) with `handing_over`: every server polls it.
-    bell: OwnedFd,
-    /// The process the pager runs in: a forked copy of this state does nothing.
-    owner_pid: i32,
-    /// Signal mode: how children ask for their pages.
-    link: Option<Link>,
-}
-
-/// Signal mode's link between children and the parent's pager.
-struct Link {
-    /// The mailbox page (see the module comment).
-    mailbox: usize,
-    /// The mailbox is mapped (until the pager is dropped).
-    mailbox_open: AtomicBool,
-    /// Children send their hello here; every child inherits it.
-    hello_tx: OwnedFd,
-    /// The pager's end: child servers read hellos from it.
-    hello_rx: OwnedFd,
-    /// The next child's id (from 1).
-    next_id: AtomicU64,
-    /// The children served now, by id, and where their link is. Guarded by its mutex.
-    inbox: Mutex<HashMap<u64, Mail>>,
-    /// Rung when `inbox` gains a link.
-    inbox_bell: OwnedFd,
-}
-
-impl Children {
-    /// For a pager whose program ranges report to `uffd`; `signal`: a link for children.
-    pub(crate) fn new(uffd: &Uffd, signal: bool) -> std::io::Result<Children> {
-        let link = if signal { Some(Link::new(uffd)?) } else { None };
-        register_exit_hook();
-        Ok(Children {
-            live: (Mutex::new(0), Condvar::new()),
-            handing_over: AtomicBool::new(false),
-            bell: sys::eventfd()?,
-            // SAFETY: getpid has no preconditions.
-            owner_pid: unsafe { libc::getpid() },
-            link,
-        })
-    }
-}
-
-/// Hands every child of `s` the pages it still needs and stops serving them; returns once
-/// every child server has stopped. For a parent about to exit or drop its pager (see the
-/// module comment). Does nothing in a forked copy of the pager.
-pub(crate) fn hand_over(s: &Shared) {
-    s.children.hand_over(|| s.sync_events());
-}
-
-/// The pager is being dropped (its children handed over): the mailbox goes. Unregistered
-/// first: an unmap of registered memory waits for its UNMAP event to be read, and the
-/// fault threads that read events are gone.
-pub(crate) fn close(s: &Shared) {
-    if let Some(l) = &s.children.link {
-        if l.mailbox_open.swap(false, Ordering::AcqRel) {
-            let _ = s.uffd.unregister(l.mailbox, PAGE_SIZE);
-            // SAFETY: the mailbox is the link's own mapping; nothing of this process
-            // touches it.
-            unsafe {
-                let _ = sys::munmap(l.mailbox, PAGE_SIZE);
-            }
-        }
-    }
-}
-
-impl Children {
-    fn hand_over(&self, sync_events: impl FnOnce()) {
-        // SAFETY: getpid has no preconditions.
-        if unsafe { libc::getpid() } != self.owner_pid {
-            return;
-        }
-        // A fork that returned has had its message read, maybe not handled: once the
-        // events read so far are handled, every child has its server.
-        sync_events();
-        self.handing_over.store(true, Ordering::Release);
-        sys::eventfd_ring(self.bell.as_fd());
-        let (m, cv) = &self.live;
-        let mut live = m.lock().unwrap_or_else(|e| e.into_inner());
-        while *live > 0 {
-            live = cv.wait(live).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    fn server_started(&self) {
-        *self.live.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-    }
-
-    fn server_stopped(&self) {
-        let (m, cv) = &self.live;
-        let mut live = m.lock().unwrap_or_else(|e| e.into_inner());
-        *live -= 1;
-        cv.notify_all();
-    }
-}
-
-impl Link {
-    fn new(uffd: &Uffd) -> std::io::Result<Link> {
-        let mailbox = sys::mmap_reserve(PAGE_SIZE)?;
-        let mode = RegisterMode { missing: true, wp: false, minor: false };
-        if let Err(e) = uffd.register(mailbox, PAGE_SIZE, mode) {
-            // SAFETY: our fresh, unused mapping.
-            unsafe {
-                let _ = sys::munmap(mailbox, PAGE_SIZE);
-            }
-            return Err(std::io::Error::other(format!("cannot register the forked children's mailbox: {e}")));
-        }
-        let (hello_rx, hello_tx) = sys::seqpacket_pair()?;
-        Ok(Link {
-            mailbox,
-            mailbox_open: AtomicBool::new(true),
-            hello_tx,
-            hello_rx,
-            next_id: AtomicU64::new(1),
-            inbox: Mutex::new(HashMap::new()),
-            inbox_bell: sys::eventfd()?,
-        })
-    }
-}
-
-/// Pagers of this process, for the exit hook. Guarded by its mutex.
-static PAGERS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
-/// The process that registered the exit hook: a forked child inherits the hook, and its
-/// copy of the pagers serves nobody.
-static HOOK_PID: AtomicI32 = AtomicI32::new(0);
-static EXIT_HOOK: std::sync::Once = std::sync::Once::new();
-
-/// Registers `s` for the hand-over at exit.
-pub(crate) fn note_pager(s: &Arc<Shared>) {
-    let mut v = PAGERS.lock().unwrap_or_else(|e| e.into_inner());
-    v.retain(|w| w.strong_count() > 0);
-    v.push(Arc::downgrade(s));
-}
-
-fn register_exit_hook() {
-    EXIT_HOOK.call_once(|| {
-        // SAFETY: getpid has no preconditions; atexit registers a plain extern "C" fn
-        // with no arguments.
-        unsafe {
-            HOOK_PID.store(libc::getpid(), Ordering::Relaxed);
-            libc::atexit(hand_over_at_exit);
-        }
-    });
-}
-
-/// At `exit`: every live pager of this process hands its children their pages.
-extern "C" fn hand_over_at_exit() {
-    // SAFETY: getpid has no preconditions.
-    if unsafe { libc::getpid() } != HOOK_PID.load(Ordering::Relaxed) {
-        // A forked child's exit: its copy of the list may even be locked for good.
-        return;
-    }
-    let pagers: Vec<Arc<Shared>> =
-        PAGERS.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
-    for s in pagers {
-        hand_over(&s);
-    }
-}
-
 /// The FORK event: snapshot what the child cannot see (swapped and staged pages) and start
 /// its server thread.
 pub(crate) fn fork(s: &Arc<Shared>, child_uffd: Uffd) {
-    let mut scratch = match Scratch::new(s.config.file_unit_bytes, 1) {
+    let mut scratch = match IoBufs::new(s.config.file_unit_bytes, 1) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("tierswap: cannot serve a forked child ({e}); its swapped pages read as zeros");
@@ -327,36 +152,10 @@ pub(crate) fn fork(s: &Arc<Shared>, child_uffd: Uffd) {
             }
         }
     }
-    if let Some(l) = &s.children.link {
+    if let Some(l) = &s.fork.children.link {
         child.id = l.post_mailbox(&child.uffd);
     }
     spawn_server(s, child, scratch);
-}
-
-impl Link {
-    /// Installs a new id in the child's mailbox and enters it in the inbox; 0 when the
-    /// mailbox cannot be installed (the child's faults then end it with SIGBUS).
-    fn post_mailbox(&self, child_uffd: &Uffd) -> u64 {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut page = [0u8; PAGE_SIZE];
-        page[..8].copy_from_slice(&MAGIC.to_ne_bytes());
-        page[8..16].copy_from_slice(&id.to_ne_bytes());
-        for _ in 0..1000 {
-            match child_uffd.copy(self.mailbox, &page, false, false) {
-                Ok(_) => {
-                    self.inbox.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Mail::Waiting);
-                    return id;
-                }
-                // The child's mm is changing (an event of its queued): again shortly.
-                Err(uffd::Error::Again { .. }) => std::thread::sleep(Duration::from_micros(100)),
-                Err(e) => {
-                    eprintln!("tierswap: cannot tell a forked child who it is ({e}); its swapped pages give it SIGBUS");
-                    return 0;
-                }
-            }
-        }
-        0
-    }
 }
 
 impl Child {
@@ -368,17 +167,17 @@ impl Child {
 
     /// Takes another reference on `slot` for this child, or copies its bytes when its
     /// count is full.
-    fn share_slot(&mut self, s: &Shared, slot: u64, scratch: &mut Scratch) -> Option<Src> {
-        let e = s.swap.lock(slot);
+    fn share_slot(&mut self, s: &Shared, slot: u64, scratch: &mut IoBufs) -> Option<Src> {
+        let e = s.tiers.swap.lock(slot);
         if e.count() < MAX_COUNT {
-            s.swap.unlock(slot, e, e.with_count(e.count() + 1));
+            s.tiers.swap.unlock(slot, e, e.with_count(e.count() + 1));
             s.counters.fork_shared_slots.fetch_add(1, Ordering::Relaxed);
             return Some(Src::Slot(slot));
         }
         s.counters.fork_copied_pages.fetch_add(1, Ordering::Relaxed);
         let buf = scratch.page.as_mut_slice();
         let res = read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed, &scratch.remote);
-        s.swap.unlock(slot, e, e);
+        s.tiers.swap.unlock(slot, e, e);
         match res {
             Ok(true) => Some(self.add_copy(&scratch.page.as_slice()[..PAGE_SIZE])),
             Ok(false) => None,
@@ -415,7 +214,7 @@ impl Child {
 
     /// A grandchild: it shares what this child still has from us (thread mode; signal
     /// mode serves no grandchild, see the module comment).
-    fn fork(&self, s: &Arc<Shared>, uffd: Uffd, scratch: &mut Scratch) {
+    fn fork(&self, s: &Arc<Shared>, uffd: Uffd, scratch: &mut IoBufs) {
         let mut g = Child { uffd, pages: BTreeMap::new(), copies: Vec::new(), id: 0, link: None };
         for (&a, &v) in &self.pages {
             let src = match v {
@@ -426,26 +225,26 @@ impl Child {
                 g.pages.insert(a, src);
             }
         }
-        match Scratch::new(s.config.file_unit_bytes, 1) {
+        match IoBufs::new(s.config.file_unit_bytes, 1) {
             Ok(gs) => spawn_server(s, g, gs),
             Err(_) => g.release(s),
         }
     }
 }
 
-fn spawn_server(s: &Arc<Shared>, child: Child, scratch: Scratch) {
+fn spawn_server(s: &Arc<Shared>, child: Child, scratch: IoBufs) {
     let s2 = s.clone();
     let mut holder = Some((child, scratch));
-    s.children.server_started();
+    s.fork.children.server_started();
     let res = std::thread::Builder::new().name("tierswap-child".into()).spawn(move || {
         sys::block_signals();
         if let Some((child, scratch)) = holder.take() {
             serve(&s2, child, scratch);
         }
-        s2.children.server_stopped();
+        s2.fork.children.server_stopped();
     });
     if let Err(e) = res {
-        s.children.server_stopped();
+        s.fork.children.server_stopped();
         eprintln!("tierswap: cannot start a thread for a forked child ({e}); its swapped pages read as zeros");
     }
 }
@@ -457,19 +256,19 @@ const PROBE_ADDR: usize = 0x10000;
 
 /// Serves a forked child until its mm is gone (or, handing over, until it has every page
 /// it needs), then drops its references.
-fn serve(s: &Arc<Shared>, mut child: Child, mut scratch: Scratch) {
+fn serve(s: &Arc<Shared>, mut child: Child, mut scratch: IoBufs) {
     let mut events = Vec::with_capacity(64);
-    let link = s.children.link.as_ref();
+    let link = s.fork.children.link.as_ref();
     let none = -1;
     loop {
-        if s.shutdown.load(Ordering::Acquire) {
+        if s.wake.shutdown.load(Ordering::Acquire) {
             break;
         }
-        let handing_over = s.children.handing_over.load(Ordering::Acquire);
+        let handing_over = s.fork.children.handing_over.load(Ordering::Acquire);
         let fds = [
             child.uffd.as_raw_fd(),
-            s.stop_fd.as_raw_fd(),
-            s.children.bell.as_raw_fd(),
+            s.wake.stop_fd.as_raw_fd(),
+            s.fork.children.bell.as_raw_fd(),
             link.map_or(none, |l| l.hello_rx.as_raw_fd()),
             link.map_or(none, |l| l.inbox_bell.as_raw_fd()),
             child.link.as_ref().map_or(none, |f| f.as_raw_fd()),
@@ -489,7 +288,10 @@ fn serve(s: &Arc<Shared>, mut child: Child, mut scratch: Scratch) {
         }
         if let Some(l) = link {
             if ready & 0b1_1000 != 0 {
-                l.take_hellos(&mut child);
+                l.receive_hellos();
+                if child.id != 0 && child.link.is_none() {
+                    child.link = l.take_link(child.id);
+                }
             }
             if ready & 0b10_0000 != 0 && !serve_requests(s, &mut child, &mut scratch) {
                 child.link = None;
@@ -500,14 +302,14 @@ fn serve(s: &Arc<Shared>, mut child: Child, mut scratch: Scratch) {
         }
     }
     if let Some(l) = link {
-        l.inbox.lock().unwrap_or_else(|e| e.into_inner()).remove(&child.id);
+        l.forget(child.id);
     }
     child.release(s);
 }
 
 /// Reads and handles the child's queued messages. False once its userfaultfd fails (its
 /// mm is gone).
-fn serve_events(s: &Arc<Shared>, child: &mut Child, events: &mut Vec<Event>, scratch: &mut Scratch) -> bool {
+fn serve_events(s: &Arc<Shared>, child: &mut Child, events: &mut Vec<Event>, scratch: &mut IoBufs) -> bool {
     events.clear();
     if child.uffd.read_events(events, 64).is_err() {
         return false;
@@ -557,16 +359,16 @@ fn lift_protection(s: &Shared, child: &Child, addr: usize) {
 
 /// Installs the child's page at `addr` from its fork-time source (a zero page where it has
 /// none), and wakes its waiters.
-fn install(s: &Shared, child: &mut Child, addr: usize, write: bool, scratch: &mut Scratch) -> Install {
+fn install(s: &Shared, child: &mut Child, addr: usize, write: bool, scratch: &mut IoBufs) -> Install {
     static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
     let page_addr = addr & !(PAGE_SIZE - 1);
     let src = child.pages.get(&page_addr).copied();
     let res = match src {
         Some(Src::Slot(slot)) => {
-            let e = s.swap.lock(slot);
+            let e = s.tiers.swap.lock(slot);
             let buf = scratch.page.as_mut_slice();
             let read = read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed, &scratch.remote);
-            s.swap.unlock(slot, e, e);
+            s.tiers.swap.unlock(slot, e, e);
             match read {
                 Ok(true) => child.uffd.copy(page_addr, &scratch.page.as_slice()[..PAGE_SIZE], false, false),
                 Ok(false) if write => child.uffd.copy(page_addr, &ZERO_PAGE, false, false),
@@ -613,7 +415,7 @@ fn install(s: &Shared, child: &mut Child, addr: usize, write: bool, scratch: &mu
 
 /// Handing over: installs up to 64 of the child's remaining pages. False once it has them
 /// all, or its mm is gone.
-fn hand_over_some(s: &Shared, child: &mut Child, scratch: &mut Scratch) -> bool {
+fn hand_over_some(s: &Shared, child: &mut Child, scratch: &mut IoBufs) -> bool {
     let batch: Vec<usize> = child.pages.keys().take(64).copied().collect();
     if batch.is_empty() {
         return false;
@@ -632,46 +434,8 @@ fn hand_over_some(s: &Shared, child: &mut Child, scratch: &mut Scratch) -> bool 
     true
 }
 
-impl Link {
-    /// Reads the hellos queued: the link of `child` it keeps, another child's it leaves in
-    /// the inbox for its own server; a hello for an id nobody serves (a grandchild's, with
-    /// its parent's id) is dropped, which the sender reads as "not served".
-    fn take_hellos(&self, child: &mut Child) {
-        let mut buf = [0u8; 24];
-        loop {
-            match sys::recv_msg(self.hello_rx.as_raw_fd(), &mut buf, true) {
-                Ok((24, Some(fd))) => {
-                    let word = |k: usize| u64::from_ne_bytes(buf[k * 8..k * 8 + 8].try_into().unwrap_or([0; 8]));
-                    let (magic, id) = (word(0), word(1));
-                    if magic != MAGIC || id == 0 {
-                        continue;
-                    }
-                    let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
-                    if let Some(place @ Mail::Waiting) = inbox.get_mut(&id) {
-                        *place = Mail::Queued(fd);
-                        sys::eventfd_ring(self.inbox_bell.as_fd());
-                    }
-                }
-                Ok((0, None)) | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
-        if child.id != 0 && child.link.is_none() {
-            let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(place @ Mail::Queued(_)) = inbox.get_mut(&child.id) {
-                if let Mail::Queued(fd) = std::mem::replace(place, Mail::Linked) {
-                    child.link = Some(fd);
-                }
-            }
-            if !inbox.values().any(|m| matches!(m, Mail::Queued(_))) {
-                sys::eventfd_drain(self.inbox_bell.as_fd());
-            }
-        }
-    }
-}
-
 /// Answers the child's requests queued on its link. False once the child has closed it.
-fn serve_requests(s: &Shared, child: &mut Child, scratch: &mut Scratch) -> bool {
+fn serve_requests(s: &Shared, child: &mut Child, scratch: &mut IoBufs) -> bool {
     let mut buf = [0u8; 16];
     loop {
         let Some(fd) = child.link.as_ref().map(|f| f.as_raw_fd()) else { return false };
@@ -719,7 +483,7 @@ static ASKING: AtomicI32 = AtomicI32::new(0);
 /// Async-signal-safe: system calls and atomics only, nothing allocated, no lock of the
 /// parent's taken.
 pub(crate) fn ask_parent(s: &Shared, link: &AtomicU64, addr: usize, access: Option<(bool, bool)>) -> bool {
-    let Some(l) = s.children.link.as_ref() else { return false };
+    let Some(l) = s.fork.children.link.as_ref() else { return false };
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
     loop {
@@ -800,7 +564,7 @@ fn connect(l: &Link, pid: i32) -> Option<i32> {
 /// Before a forked child of a signal-mode pager forks in turn: claims its mailbox, so that
 /// its own child, which inherits the claim, is not taken for it. Async-signal-safe.
 pub(crate) fn claim_before_fork(s: &Shared, link: &AtomicU64) {
-    let Some(l) = s.children.link.as_ref() else { return };
+    let Some(l) = s.fork.children.link.as_ref() else { return };
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
     if link.load(Ordering::Acquire) >> 32 == pid as u64 {

@@ -1,0 +1,367 @@
+//! Regions: one managed range and its mirror ([`RegionInner`]), the map from addresses to
+//! regions ([`RegionMap`]), and making a region: mapping, registering, entering the map.
+//!
+//! Owns: regions and their map. Calls: the page table, the policies' per-region state,
+//! `uffd` (registration), `sys` (mappings).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use super::error::{io_err, Error, Result};
+use super::Shared;
+use crate::config::Hint;
+use crate::forkgate::Busy;
+use crate::page::{pages_for, pages_to_bytes, PAGE_SIZE};
+use crate::pagetable::PageTable;
+use crate::policy::admission::Locality;
+use crate::policy::readahead::Readahead;
+use crate::sys;
+use crate::uffd::RegisterMode;
+
+/// Largest region: 64 TiB.
+const MAX_REGION_BYTES: usize = 64 << 40;
+
+/// How long a new mapping waits for the event of the mapping the kernel had at its address
+/// before (`Shared::claim_range`); fault threads read events between faults, so this is
+/// reached only when none can read for that long.
+const STALE_EXTENT_PATIENCE: Duration = Duration::from_secs(60);
+
+/// What `Shared::claim_range` holds: a busy section (forkgate.rs) and the event lock.
+type Claim<'a> = (Busy, std::sync::MutexGuard<'a, ()>);
+
+/// One managed range and its mirror.
+pub(crate) struct RegionInner {
+    pub(crate) id: u64,
+    /// First byte of the program's range.
+    pub(crate) start: usize,
+    /// First byte of the mirror (staging) range.
+    pub(crate) mirror: usize,
+    pub(crate) n_pages: usize,
+    pub(crate) hint: Hint,
+    pub(crate) ptes: PageTable,
+    /// CLOCK hand, in 64 KiB blocks.
+    pub(crate) clock_block: AtomicUsize,
+    /// Set when the region is being torn down: reclaim leaves it alone.
+    pub(crate) dead: AtomicBool,
+    /// Read-held by each evictor (the reclaim thread, a direct reclaimer) while it changes
+    /// the region, which the pte locks keep apart page by page; write-held by teardown and
+    /// by the forced whole-region passes (`evict_all`, `stage_all`).
+    pub(crate) reclaim_lock: RwLock<()>,
+    /// The readahead window of disk faults in this region.
+    pub(crate) ra: Readahead,
+    /// Recent swap-in streams: the evidence for large swap-in.
+    pub(crate) locality: Locality,
+    /// The stride of lone faults, for stride prefetch.
+    pub(crate) stride: Mutex<crate::policy::stride::Stride>,
+    /// Where a first-touch fault would continue the last one's run (first-touch
+    /// fault-around; `usize::MAX`: none yet).
+    pub(crate) first_touch_next: AtomicUsize,
+    /// First-touch fault-around's window, in pages (0: none yet).
+    pub(crate) first_touch_window: AtomicUsize,
+    /// Registered for write-protect faults: pages may come back clean, keeping their slot.
+    pub(crate) clean_tracking: bool,
+    /// Owned by the program (munmap tears it down), not by a [`Region`] handle.
+    #[allow(dead_code)]
+    pub(crate) detached: bool,
+    /// Live extents of the program's range in the [`RegionMap`] (map lock held to change).
+    pub(crate) extents: AtomicUsize,
+    /// Torn down: its mirror is gone and nothing may touch it any more.
+    pub(crate) gone: AtomicBool,
+    /// Holds on this range besides the events in hand (`marked_in`): one for each piece
+    /// an mremap displaced until it is settled, and one for good once its [`Region`] is
+    /// dropped. While either says so ([`Shared::is_leaving`]), nothing is installed in the
+    /// program's range and nothing is moved out of it.
+    pub(crate) leaving: AtomicU32,
+    /// The batch of events ([`Shared::event_batch`]) whose read marked this range leaving
+    /// too, until that batch is handled; 0: none.
+    pub(crate) marked_in: AtomicU64,
+}
+
+impl RegionInner {
+    pub(crate) fn len_bytes(&self) -> usize {
+        pages_to_bytes(self.n_pages)
+    }
+
+    pub(crate) fn page_addr(&self, idx_page: usize) -> usize {
+        self.start + pages_to_bytes(idx_page)
+    }
+
+    pub(crate) fn mirror_addr(&self, idx_page: usize) -> usize {
+        self.mirror + pages_to_bytes(idx_page)
+    }
+}
+
+/// Where a faulting address is.
+pub(crate) enum Lookup {
+    /// In a region's program range, at this page.
+    Region(Arc<RegionInner>, usize),
+    /// Nowhere we manage (a region already gone).
+    Unknown,
+}
+
+/// The live program ranges, by address and by region id.
+///
+/// An extent is a run of a region's program range that is still mapped: a region starts
+/// as one extent; a partial munmap shrinks or splits it; a region whose last extent goes
+/// is torn down. Extents never overlap, so the one holding an address is the last one
+/// starting at or below it.
+#[derive(Default)]
+pub(crate) struct RegionMap {
+    /// First byte → (end byte, region).
+    extents: BTreeMap<usize, (usize, Arc<RegionInner>)>,
+    pub(crate) by_id: HashMap<u64, Arc<RegionInner>>,
+}
+
+/// A piece of a region cut out of the map: pages `[lo, hi)` of `region`.
+pub(crate) struct Piece {
+    pub(crate) region: Arc<RegionInner>,
+    pub(crate) lo: usize,
+    pub(crate) hi: usize,
+}
+
+impl RegionMap {
+    /// The regions with a live extent overlapping `[start, end)`, from the highest address
+    /// down (a region once per extent). Allocates nothing: used while a fork may hold
+    /// malloc's locks (`Shared::read_program_events`).
+    pub(crate) fn regions_overlapping(&self, start: usize, end: usize) -> impl Iterator<Item = &RegionInner> {
+        self.extents.range(..end).rev().take_while(move |(_, (e, _))| *e > start).map(|(_, (_, r))| &**r)
+    }
+
+    /// The region whose live extent holds `addr`.
+    pub(crate) fn find(&self, addr: usize) -> Option<Arc<RegionInner>> {
+        let (_, (end, r)) = self.extents.range(..=addr).next_back()?;
+        (addr < *end).then(|| r.clone())
+    }
+
+    /// Adds a region as one extent covering its whole program range. The caller has made
+    /// sure nothing overlaps it (`Shared::claim_range`, the REMAP handler's displacement):
+    /// an overlap would hide one region behind the other, so it is reported.
+    pub(crate) fn insert(&mut self, r: Arc<RegionInner>) {
+        let (start, end) = (r.start, r.start + r.len_bytes());
+        for p in self.overlapping(start, end) {
+            eprintln!(
+                "tierswap: internal error: the new region {} at {start:#x}..{end:#x} overlaps pages {}..{} of region {} in the map",
+                r.id, p.lo, p.hi, p.region.id
+            );
+        }
+        self.insert_extent(start, end, &r);
+        self.by_id.insert(r.id, r);
+    }
+
+    fn insert_extent(&mut self, start: usize, end: usize, r: &Arc<RegionInner>) {
+        r.extents.fetch_add(1, Ordering::Relaxed);
+        self.extents.insert(start, (end, r.clone()));
+    }
+
+    /// Cuts `[start, end)` out of every extent it overlaps; returns the pieces cut, in
+    /// address order, and drops regions left without an extent from `by_id` (the caller
+    /// tears those down: `piece.region.extents` is 0).
+    pub(crate) fn cut(&mut self, start: usize, end: usize) -> Vec<Piece> {
+        let mut hit = Vec::new();
+        for (&s, &(e, ref r)) in self.extents.range(..end).rev() {
+            if e <= start {
+                break;
+            }
+            hit.push((s, e, r.clone()));
+        }
+        hit.reverse();
+        let mut pieces = Vec::with_capacity(hit.len());
+        for (s, e, r) in hit {
+            self.extents.remove(&s);
+            r.extents.fetch_sub(1, Ordering::Relaxed);
+            if s < start {
+                self.insert_extent(s, start, &r);
+            }
+            if e > end {
+                self.insert_extent(end, e, &r);
+            }
+            let (cs, ce) = (s.max(start), e.min(end));
+            pieces.push(Piece { lo: (cs - r.start) / PAGE_SIZE, hi: (ce - r.start) / PAGE_SIZE, region: r.clone() });
+            if r.extents.load(Ordering::Relaxed) == 0 {
+                self.by_id.remove(&r.id);
+            }
+        }
+        pieces
+    }
+
+    /// The pieces of live extents overlapping `[start, end)`, in address order (the map
+    /// unchanged).
+    pub(crate) fn overlapping(&self, start: usize, end: usize) -> Vec<Piece> {
+        let mut pieces: Vec<Piece> = self
+            .extents
+            .range(..end)
+            .rev()
+            .take_while(|(_, (e, _))| *e > start)
+            .map(|(&s, &(e, ref r))| Piece {
+                lo: (s.max(start) - r.start) / PAGE_SIZE,
+                hi: (e.min(end) - r.start) / PAGE_SIZE,
+                region: r.clone(),
+            })
+            .collect();
+        pieces.reverse();
+        pieces
+    }
+
+    /// The live extents of region `id`, as (first byte, end byte).
+    pub(crate) fn extents_of(&self, r: &RegionInner) -> Vec<(usize, usize)> {
+        self.extents
+            .range(r.start..r.start + r.len_bytes())
+            .filter(|(_, (_, x))| x.id == r.id)
+            .map(|(&s, &(e, _))| (s, e))
+            .collect()
+    }
+}
+
+impl Shared {
+    /// Maps a program range and its mirror, registers both and enters the region in the map.
+    pub(crate) fn map_region(&self, len_bytes: usize, hint: Hint, detached: bool) -> Result<Arc<RegionInner>> {
+        if len_bytes == 0 || len_bytes > MAX_REGION_BYTES {
+            return Err(Error::RegionSize { len_bytes });
+        }
+        let n_pages = pages_for(len_bytes);
+        let len = pages_to_bytes(n_pages);
+        let start = sys::mmap_reserve(len).map_err(io_err(format!("cannot map a region of {len} bytes")))?;
+        let undo = |e: Error| {
+            // SAFETY: the mapping is ours and unused.
+            unsafe {
+                let _ = sys::munmap(start, len);
+            }
+            e
+        };
+        // SAFETY: our fresh mapping; NOHUGEPAGE keeps it at 4 KiB pages (MOVE of a huge
+        // page would split it anyway).
+        let _ = unsafe { sys::madvise(start, len, libc::MADV_NOHUGEPAGE) };
+        // Write-protect faults let pages come back clean (keeping their slot); a kernel
+        // that refuses WP on this memory still gets everything else.
+        let mut mode = RegisterMode { missing: true, wp: self.config.keep_clean, minor: false };
+        if mode.wp && self.uffd.register(start, len, mode).is_err() {
+            mode.wp = false;
+        }
+        if !mode.wp {
+            self.uffd.register(start, len, mode).map_err(|e| undo(e.into()))?;
+        }
+        let r = self.new_region_at(start, n_pages, hint, mode, detached).map_err(|e| {
+            let _ = self.uffd.unregister(start, len);
+            undo(e)
+        })?;
+        let (_busy, _ev) = match self.claim_range(start, start + len, STALE_EXTENT_PATIENCE) {
+            Ok(held) => held,
+            Err(held) => {
+                // No event came for the old mapping in all that time, yet the kernel gave
+                // its address to us: it is gone. Let go of it as its UNMAP would.
+                eprintln!(
+                    "tierswap: the pager still had {:#x}+{len} from a mapping that is gone and no event came for it in {} s; dropping it (a late event could still cut the new mapping there)",
+                    start,
+                    STALE_EXTENT_PATIENCE.as_secs()
+                );
+                crate::mm::teardown::forget(self, start, start + len);
+                held
+            }
+        };
+        self.enter_region(r.clone());
+        Ok(r)
+    }
+
+    /// Enters region `r` in the map (the caller made sure nothing overlaps it).
+    pub(crate) fn enter_region(&self, r: Arc<RegionInner>) {
+        self.trail.mark(crate::trail::What::Enter, r.start, r.start + r.len_bytes(), 0, r.id);
+        self.regions.map.write().unwrap_or_else(|e| e.into_inner()).insert(r);
+    }
+
+    /// Takes the event lock with no extent of the map overlapping `[start, end)`, for the
+    /// caller to enter a region there; with a busy section (forkgate.rs), as the insert
+    /// allocates under the lock. `Err` carries the same locks with the overlap still there
+    /// after `patience`.
+    ///
+    /// The kernel hands out an address only once nothing is mapped there, but it queues the
+    /// UNMAP or REMAP event of the mapping that was there only after letting go of it, and
+    /// the program's munmap / mremap returns once a fault thread has *read* that event. So
+    /// another thread can map the address again while the old region still holds it in our
+    /// map: the event not read yet, or read and still being handled. Entering the new region
+    /// then would let the old event cut it, and an mremap's swapped pages would follow the
+    /// new, empty region (they read as zeros). An overlap here is such an event on its way:
+    /// wait for it, holding nothing a fault thread needs.
+    pub(crate) fn claim_range(
+        &self,
+        start: usize,
+        end: usize,
+        patience: Duration,
+    ) -> std::result::Result<Claim<'_>, Claim<'_>> {
+        let t0 = Instant::now();
+        loop {
+            let busy = crate::forkgate::enter();
+            let ev = self.gates.event_lock.lock().unwrap_or_else(|e| e.into_inner());
+            let stale = !self.regions.map.read().unwrap_or_else(|e| e.into_inner()).overlapping(start, end).is_empty()
+                || self.regions.remapped_from.pending(start, end, Instant::now());
+            if !stale {
+                return Ok((busy, ev));
+            }
+            if t0.elapsed() >= patience {
+                return Err((busy, ev));
+            }
+            drop(ev);
+            drop(busy);
+            self.counters.stale_extent_waits.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// A region over the program range at `start` (mapped and registered already), with a
+    /// fresh mirror registered in the same `mode`. Not entered in the map.
+    pub(crate) fn new_region_at(
+        &self,
+        start: usize,
+        n_pages: usize,
+        hint: Hint,
+        mode: RegisterMode,
+        detached: bool,
+    ) -> Result<Arc<RegionInner>> {
+        let len = pages_to_bytes(n_pages);
+        let mirror = sys::mmap_reserve(len).map_err(io_err("cannot map the region's staging mirror"))?;
+        let undo = |e: Error| {
+            // SAFETY: the mirror is ours and unused.
+            unsafe {
+                let _ = sys::munmap(mirror, len);
+            }
+            e
+        };
+        // SAFETY: our fresh mapping: 4 KiB pages, and out of core dumps.
+        unsafe {
+            let _ = sys::madvise(mirror, len, libc::MADV_NOHUGEPAGE);
+            let _ = sys::madvise(mirror, len, libc::MADV_DONTDUMP);
+            // A forked child gets its staged pages copied at the fork event instead:
+            // shared mirror pages would make every UFFDIO_MOVE of them fail (EBUSY).
+            let _ = sys::madvise(mirror, len, libc::MADV_DONTFORK);
+        }
+        // The same mode as the program's range: UFFDIO_MOVE wants equal protections.
+        self.mirror_uffd.register(mirror, len, mode).map_err(|e| undo(e.into()))?;
+        let ptes = PageTable::new(n_pages).map_err(|e| {
+            let _ = self.mirror_uffd.unregister(mirror, len);
+            undo(io_err("cannot reserve the region's page table")(e))
+        })?;
+        Ok(Arc::new(RegionInner {
+            id: self.regions.next_id.fetch_add(1, Ordering::Relaxed),
+            start,
+            mirror,
+            n_pages,
+            hint,
+            ptes,
+            clock_block: AtomicUsize::new(0),
+            dead: AtomicBool::new(false),
+            reclaim_lock: RwLock::new(()),
+            ra: Readahead::default(),
+            locality: Locality::default(),
+            stride: Mutex::new(crate::policy::stride::Stride::default()),
+            first_touch_next: AtomicUsize::new(usize::MAX),
+            first_touch_window: AtomicUsize::new(0),
+            clean_tracking: mode.wp,
+            detached,
+            extents: AtomicUsize::new(0),
+            gone: AtomicBool::new(false),
+            leaving: AtomicU32::new(0),
+            marked_in: AtomicU64::new(0),
+        }))
+    }
+}
