@@ -14,30 +14,23 @@
 //! handled, a swap-in's file read is slowed while it holds the pages the handler needs.
 //! Own test binary: the injection plan is process-wide.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{config, counter_word, serial, start, PAGE};
 use tierswap::inject::{self, Kind, Spec};
 use tierswap::uffd::{features, Event, RegisterMode, Uffd};
-use tierswap::{Hint, Pager, PagerConfig, Tiers};
+use tierswap::{FaultMode, Hint, Pager, PagerConfig};
 
-const PAGE: usize = 4096;
 const PAGES: usize = 64;
 const STALL: Duration = Duration::from_millis(400);
 
-/// One test at a time: they share the injection plan.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn pager() -> Pager {
-    let config = PagerConfig { budget_bytes: 64 << 20, fault_threads: 1, keep_clean: false, ..Default::default() };
-    Pager::new(config)
-        .unwrap_or_else(|e| panic!("cannot start a pager (this test needs userfaultfd: run as root): {e}"))
-}
+// Every test takes `serial()`: they share the injection plan. Their pagers keep no slot for
+// a page read back; but for `file_pager`'s, they have one fault thread, the one
+// `stall_the_fault_thread` stalls.
 
 fn word(base: usize, p: usize, i: usize) -> u64 {
     // SAFETY: word i of page p of a live mapping of this test.
@@ -48,7 +41,7 @@ fn fill(base: usize, salt: u64) {
     for p in 0..PAGES {
         for i in 0..PAGE / 8 {
             // SAFETY: as in `word`.
-            unsafe { std::ptr::write_volatile((base + p * PAGE + i * 8) as *mut u64, salt + (p * 512 + i) as u64) };
+            unsafe { std::ptr::write_volatile((base + p * PAGE + i * 8) as *mut u64, counter_word(p, i, salt)) };
         }
     }
 }
@@ -57,7 +50,7 @@ fn fill(base: usize, salt: u64) {
 fn check(base: usize, salt: u64, what: &str) {
     for p in 0..PAGES {
         for i in 0..PAGE / 8 {
-            let (got, want) = (word(base, p, i), salt + (p * 512 + i) as u64);
+            let (got, want) = (word(base, p, i), counter_word(p, i, salt));
             assert_eq!(got, want, "{what}: page {p} word {i} is {got:#x}, want {want:#x}");
         }
     }
@@ -157,7 +150,7 @@ fn mremap_fixed(old: usize, to: usize) {
 /// pages filled with `salt` and swapped out: only the pager's page table knows its bytes
 /// (the kernel moves present pages itself).
 fn swapped_out_mapping(salt: u64) -> (Pager, usize, usize) {
-    let p = pager();
+    let p = start(PagerConfig { keep_clean: false, ..config(64 << 20, "zero,pool,file", FaultMode::Thread, 1) });
     let busy = p.map_detached(PAGE, Hint::Normal).unwrap() as usize;
     let old = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
     fill(old, salt);
@@ -261,7 +254,7 @@ fn map_unmanaged_at(at: usize) -> usize {
 #[test]
 fn staging_a_range_an_mremap_left_does_not_take_what_is_mapped_there_now() {
     let _g = serial();
-    let p = pager();
+    let p = start(PagerConfig { keep_clean: false, ..config(64 << 20, "zero,pool,file", FaultMode::Thread, 1) });
     let busy = p.map_detached(PAGE, Hint::Normal).unwrap() as usize;
     let old = p.map_detached(PAGES * PAGE, Hint::Normal).unwrap() as usize;
     fill(old, 7);
@@ -321,14 +314,7 @@ fn a_swap_in_racing_a_dropped_region_does_not_land_in_the_mapping_made_there() {
 /// A pager whose pages go to the file, whose reads fault injection can slow down and fail,
 /// with two fault threads: one to sleep in a read, one to take the event meanwhile.
 fn file_pager() -> Pager {
-    let config = PagerConfig {
-        budget_bytes: 64 << 20,
-        fault_threads: 2,
-        keep_clean: false,
-        tiers: Tiers { zero: true, pool: false, file: true },
-        ..Default::default()
-    };
-    Pager::new(config).unwrap_or_else(|e| panic!("cannot start a pager (run as root): {e}"))
+    start(PagerConfig { keep_clean: false, ..config(64 << 20, "zero,file", FaultMode::Thread, 2) })
 }
 
 /// A swap-in of the first page of a mapping made by `make` (its address and how to give it
@@ -447,7 +433,7 @@ fn two_swapped_out(p: &Pager, salt_a: u64, salt_b: u64) -> (usize, usize) {
 #[test]
 fn an_mremap_onto_a_managed_mapping_keeps_the_moved_pages() {
     let _g = serial();
-    let p = pager();
+    let p = start(PagerConfig { keep_clean: false, ..config(64 << 20, "zero,pool,file", FaultMode::Thread, 1) });
     let (dest, src) = two_swapped_out(&p, 5, 7);
 
     mremap_fixed(src, dest);
@@ -473,7 +459,7 @@ fn an_mremap_onto_a_managed_mapping_keeps_the_moved_pages() {
 #[test]
 fn an_unmap_queued_after_a_remap_onto_its_range_leaves_the_moved_pages_alone() {
     let _g = serial();
-    let p = pager();
+    let p = start(PagerConfig { keep_clean: false, ..config(64 << 20, "zero,pool,file", FaultMode::Thread, 1) });
     // [other page][old mapping], adjacent: a reservation, the managed mapping moved onto
     // its upper part, an unmanaged page registered on `other` below it.
     let area = reserve(PAGE + PAGES * PAGE);
@@ -514,7 +500,7 @@ fn an_unmap_queued_after_a_remap_onto_its_range_leaves_the_moved_pages_alone() {
 #[test]
 fn a_remap_queued_after_a_remap_onto_its_old_range_moves_the_right_pages() {
     let _g = serial();
-    let p = pager();
+    let p = start(PagerConfig { keep_clean: false, ..config(64 << 20, "zero,pool,file", FaultMode::Thread, 1) });
     let (old, moved) = two_swapped_out(&p, 3, 7);
     // The destination of the held-back mremap: unmanaged, registered elsewhere.
     let dest = reserve(PAGES * PAGE);
@@ -560,8 +546,8 @@ fn kernel_read(addr: usize) -> Result<u64, i32> {
 /// A page whose read fails while the program moves its mapping (mremap, the REMAP read but
 /// not handled) is not poisoned: it stays swapped, moves with the mapping, and the next
 /// access at its new address reads it again; here the error was transient (one injected
-/// EIO), so the page reads back whole there, and again after eviction. (Until stop 27 such a
-/// page was poisoned, and the REMAP handler had to carry the poison over: it once made the
+/// EIO), so the page reads back whole there, and again after eviction. (Such a page was once
+/// poisoned, and the REMAP handler had to carry the poison over: it once made the
 /// pte plain present, and the unreadable page read as zeros — the 10-minute injection
 /// stress, once in 1.8 M operations. That carry-over still serves a poisoning whose marker
 /// the kernel refused for an event not read yet; only the stresses reach it now.)
@@ -589,7 +575,7 @@ fn a_page_that_fails_its_read_while_its_mapping_moves_is_read_again_where_it_wen
     sync_events(&p);
     assert!(p.stats().counters.read_errors >= 1, "{:?}", p.stats());
 
-    let want = 3 + 5 * 512;
+    let want = counter_word(5, 0, 3);
     assert_eq!(kernel_read(to + 5 * PAGE), Ok(want), "the page is read again where it moved, whole");
     // Staged and evicted again, its neighbours discarded and touched in order (which maps
     // zeros over the pages after them that hold nothing): still whole.
@@ -605,7 +591,7 @@ fn a_page_that_fails_its_read_while_its_mapping_moves_is_read_again_where_it_wen
     assert_eq!(kernel_read(to + 5 * PAGE), Ok(want), "the page reads back whole after eviction");
     for pg in (0..PAGES).filter(|pg| !(3..=4).contains(pg)) {
         for i in 0..PAGE / 8 {
-            assert_eq!(word(to, pg, i), 3 + (pg * 512 + i) as u64, "page {pg} word {i}");
+            assert_eq!(word(to, pg, i), counter_word(pg, i, 3), "page {pg} word {i}");
         }
     }
 }

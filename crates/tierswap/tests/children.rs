@@ -8,28 +8,16 @@
 //! the child for a moment, and the parent must really exit): the test re-runs this binary
 //! with one case named in the environment, and reads the grandchild's verdict from a file.
 
-use std::process::Command;
+mod common;
+
+use std::ffi::OsStr;
 use std::time::{Duration, Instant};
 
-use tierswap::{FaultMode, Hint, Pager, PagerConfig, Tiers};
+use common::{counter_word, pager, run_alone, PAGE};
+use tierswap::{FaultMode, Hint};
 
-const PAGE: usize = 4096;
 const CASE_ENV: &str = "TIERSWAP_CHILDREN_CASE";
 const VERDICT_ENV: &str = "TIERSWAP_CHILDREN_VERDICT";
-
-fn pager(mode: FaultMode, tiers: &str) -> Pager {
-    let config = PagerConfig {
-        budget_bytes: 8 << 20,
-        tiers: tiers.parse::<Tiers>().unwrap(),
-        fault_threads: 1,
-        fault_mode: mode,
-        ..Default::default()
-    };
-    match Pager::new(config) {
-        Ok(p) => p,
-        Err(e) => panic!("cannot start a pager (these tests need userfaultfd: run as root): {e}"),
-    }
-}
 
 /// Word i of page p (a page of noise for every fourth page, so the pool and the file both
 /// hold some: noise does not compress).
@@ -39,7 +27,7 @@ fn word(p: usize, i: usize) -> u64 {
         x ^= x >> 29;
         x.wrapping_mul(0xBF58_476D_1CE4_E5B9)
     } else {
-        (p as u64) * 512 + i as u64 + 77
+        counter_word(p, i, 77)
     }
 }
 
@@ -56,14 +44,7 @@ enum Exit {
 fn run_case(case: &str) -> String {
     let verdict = std::env::temp_dir().join(format!("tierswap-children-{}-{case}", std::process::id()));
     let _ = std::fs::remove_file(&verdict);
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", case, "--nocapture", "--test-threads=1"])
-        .env(CASE_ENV, case)
-        .env(VERDICT_ENV, &verdict)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (out, stdout, stderr) = run_alone(case, &[(CASE_ENV, OsStr::new(case)), (VERDICT_ENV, verdict.as_os_str())]);
     assert!(out.status.success(), "the parent process failed: {:?}\n{stdout}\n{stderr}", out.status);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -83,7 +64,7 @@ fn run_case(case: &str) -> String {
 /// then reads every page, writes each, and reports how many pages were wrong.
 fn parent(mode: FaultMode, tiers: &str, exit: Exit) {
     let n = 1024;
-    let p = pager(mode, tiers);
+    let p = pager(8 << 20, tiers, mode, 1);
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     for pg in 0..n {
         for (i, w) in r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE].chunks_exact_mut(8).enumerate() {

@@ -1,24 +1,20 @@
 //! The control socket end to end: a real pager doing real work, queried over the socket;
 //! the socket's modes; another uid refused; stale sockets removed.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use common::{fill_page, page_matches, pager, serial, PAGE};
 use tierswap::control::{self, ControlOptions, ControlServer};
-use tierswap::{Hint, Pager, PagerConfig, Tiers};
+use tierswap::{FaultMode, Hint, Pager};
 
-const PAGE: usize = 4096;
-
-/// One test at a time: a test that forks (a child dropping to another uid) would share
-/// the pages of another test's region with the child, and UFFDIO_MOVE refuses shared pages
-/// (EBUSY), so that test's evict_all would leave pages behind.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+// Every test takes `serial()`: a test that forks (a child dropping to another uid) would
+// share the pages of another test's region with the child, and UFFDIO_MOVE refuses shared
+// pages (EBUSY), so that test's evict_all would leave pages behind.
 
 /// A fresh directory for one test (tests of this binary run in parallel, one pid).
 struct TestDir(PathBuf);
@@ -37,19 +33,6 @@ impl Drop for TestDir {
     }
 }
 
-fn pager() -> Arc<Pager> {
-    let config = PagerConfig {
-        budget_bytes: 64 << 20,
-        tiers: "zero,pool".parse::<Tiers>().unwrap(),
-        fault_threads: 2,
-        ..Default::default()
-    };
-    match Pager::new(config) {
-        Ok(p) => Arc::new(p),
-        Err(e) => panic!("cannot start a pager (these tests need userfaultfd: run as root): {e}"),
-    }
-}
-
 fn server(p: &Arc<Pager>, dir: &Path) -> ControlServer {
     let q = p.clone();
     ControlServer::start(
@@ -57,16 +40,6 @@ fn server(p: &Arc<Pager>, dir: &Path) -> ControlServer {
         ControlOptions { dir: Some(dir.to_path_buf()), cmdline: Some("control-test".into()) },
     )
     .expect("start the control server")
-}
-
-fn fill_page(buf: &mut [u8], p: usize) {
-    for (i, w) in buf.chunks_exact_mut(8).enumerate() {
-        w.copy_from_slice(&((p as u64) * 512 + i as u64).to_le_bytes());
-    }
-}
-
-fn page_matches(buf: &[u8], p: usize) -> bool {
-    buf.chunks_exact(8).enumerate().all(|(i, w)| w == ((p as u64) * 512 + i as u64).to_le_bytes())
 }
 
 /// The socket's answer and the pager's own snapshot, taken back to back with nothing
@@ -89,7 +62,7 @@ fn socket_equals_pager(p: &Pager, srv: &ControlServer) -> tierswap::Stats {
 fn stats_over_the_socket_are_the_pagers() {
     let _serial = serial();
     let dir = TestDir::new("stats");
-    let p = pager();
+    let p = Arc::new(pager(64 << 20, "zero,pool", FaultMode::Thread, 2));
     let srv = server(&p, &dir.0);
     assert_eq!(srv.path(), dir.0.join(format!("{}.sock", std::process::id())));
 
@@ -102,7 +75,7 @@ fn stats_over_the_socket_are_the_pagers() {
             if pg % 4 == 0 {
                 b.fill(0);
             } else {
-                fill_page(b, pg);
+                fill_page(b, pg, 0);
             }
         }
     }
@@ -124,7 +97,7 @@ fn stats_over_the_socket_are_the_pagers() {
         if pg % 4 == 0 {
             assert!(b.iter().all(|&x| x == 0), "zero page {pg} came back wrong");
         } else {
-            assert!(page_matches(b, pg), "page {pg} came back wrong");
+            assert!(page_matches(b, pg, 0), "page {pg} came back wrong");
         }
     }
     let s2 = socket_equals_pager(&p, &srv);
@@ -149,7 +122,7 @@ fn stats_over_the_socket_are_the_pagers() {
 fn modes_are_0700_and_0600_whatever_the_umask() {
     let _serial = serial();
     let dir = TestDir::new("modes");
-    let p = pager();
+    let p = Arc::new(pager(64 << 20, "zero,pool", FaultMode::Thread, 2));
     // SAFETY: umask has no preconditions; restored below.
     let old = unsafe { libc::umask(0) };
     let srv = server(&p, &dir.0);
@@ -276,7 +249,7 @@ fn another_uid_is_refused() {
     let _serial = serial();
     require_root();
     let dir = TestDir::new("refuse");
-    let p = pager();
+    let p = Arc::new(pager(64 << 20, "zero,pool", FaultMode::Thread, 2));
     let srv = server(&p, &dir.0);
 
     // Root (our uid) gets a full reply through the same child code: the test can tell.
@@ -329,7 +302,7 @@ fn stale_sockets_are_removed() {
     drop(UnixListener::bind(&live).unwrap());
     assert!(stale.exists() && live.exists());
 
-    let p = pager();
+    let p = Arc::new(pager(64 << 20, "zero,pool", FaultMode::Thread, 2));
     let srv = server(&p, &dir.0);
     assert!(!stale.exists(), "the dead pid's socket must be removed on start");
     assert!(live.exists(), "a live pid's socket must be kept");

@@ -2,65 +2,41 @@
 //! UNMAP, REMAP events), through raw libc calls on `map_detached` and `Region` memory.
 //! Every byte read back is checked; counters are checked against what the test did.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use tierswap::{Hint, Pager, PagerConfig, Tiers};
+use common::{config, fill_page, noise_matches, noise_page, page_matches, serial, start, PAGE};
+use tierswap::{FaultMode, Hint, Pager, PagerConfig};
 
-const PAGE: usize = 4096;
+// Every test takes `serial()`: the tests share the machine's two CPUs; one at a time keeps
+// each test's timing sane. Their pagers keep no slot for a page read back (clean tracking
+// off) unless a test says otherwise, so slot counts are exact: one per swapped page.
 
-/// The tests share the machine's two CPUs; one at a time keeps each test's timing sane.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A pager; pages read back do not keep their slot (clean tracking off), so slot counts
-/// are exact: one per swapped page.
-fn pager(budget: u64, tiers: &str) -> Pager {
-    pager_with(budget, tiers, false)
-}
-
-fn pager_with(budget: u64, tiers: &str, keep_clean: bool) -> Pager {
-    let config = PagerConfig {
-        budget_bytes: budget,
-        tiers: tiers.parse::<Tiers>().unwrap(),
-        fault_threads: 2,
-        keep_clean,
-        ..Default::default()
-    };
-    match Pager::new(config) {
-        Ok(p) => p,
-        Err(e) => panic!("cannot start a pager (these tests need userfaultfd: run as root): {e}"),
-    }
-}
-
-/// Page `p`'s content for `salt`: compressible counters, or (every 4th page) random bytes
-/// that go to the file tier, or (every 8th + 1) zeros.
-fn fill_page(page: &mut [u8], p: usize, salt: u64) {
+/// Page `p`'s content for `salt`: counters ([`fill_page`]), or (every 8th + 3) noise that
+/// goes to the file tier, or (every 8th + 1) zeros.
+fn fill_mixed_page(page: &mut [u8], p: usize, salt: u64) {
     match p % 8 {
         1 => page.fill(0),
-        3 => {
-            let mut x = (p as u64 ^ salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            for w in page.chunks_exact_mut(8) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                w.copy_from_slice(&x.to_le_bytes());
-            }
-        }
-        _ => {
-            for (i, w) in page.chunks_exact_mut(8).enumerate() {
-                w.copy_from_slice(&((p as u64) * 512 + i as u64 + salt).to_le_bytes());
-            }
-        }
+        3 => noise_page(page, p as u64 ^ salt),
+        _ => fill_page(page, p, salt),
     }
 }
 
-fn expect_page(page: &[u8], p: usize, salt: u64) {
+/// Whether `page` holds [`fill_mixed_page`]'s content, without allocating (safe in a forked
+/// child of a threaded process).
+fn mixed_page_ok(page: &[u8], p: usize, salt: u64) -> bool {
+    match p % 8 {
+        1 => page.iter().all(|&b| b == 0),
+        3 => noise_matches(page, p as u64 ^ salt),
+        _ => page_matches(page, p, salt),
+    }
+}
+
+fn expect_mixed_page(page: &[u8], p: usize, salt: u64) {
     let mut want = vec![0u8; PAGE];
-    fill_page(&mut want, p, salt);
+    fill_mixed_page(&mut want, p, salt);
     if page != &want[..] {
         let word = |b: &[u8], i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
         let bad = (0..PAGE / 8).filter(|&i| word(page, i) != word(&want, i)).count();
@@ -80,13 +56,13 @@ fn page_at<'a>(base: usize, p: usize) -> &'a mut [u8] {
 
 fn fill(base: usize, pages: std::ops::Range<usize>, salt: u64) {
     for p in pages {
-        fill_page(page_at(base, p), p, salt);
+        fill_mixed_page(page_at(base, p), p, salt);
     }
 }
 
 fn check(base: usize, pages: std::ops::Range<usize>, salt: u64) {
     for p in pages {
-        expect_page(page_at(base, p), p, salt);
+        expect_mixed_page(page_at(base, p), p, salt);
     }
 }
 
@@ -121,7 +97,7 @@ fn three_states(p: &Pager, base: usize, n: usize, salt: u64) {
 #[test]
 fn dontneed_on_region_memory_reads_zeros_in_every_state_and_frees_slots() {
     let _g = serial();
-    let p = pager(1 << 30, "zero,pool,file");
+    let p = start(PagerConfig { keep_clean: false, ..config(1 << 30, "zero,pool,file", FaultMode::Thread, 2) });
     let n = 256;
     let r = p.region(n * PAGE, Hint::Random).unwrap();
     let base = r.as_ptr() as usize;
@@ -156,7 +132,7 @@ fn dontneed_on_region_memory_reads_zeros_in_every_state_and_frees_slots() {
 #[test]
 fn dontneed_on_detached_memory_frees_kept_slots_of_clean_pages_too() {
     let _g = serial();
-    let p = pager_with(1 << 30, "zero,pool", true);
+    let p = start(PagerConfig { keep_clean: true, ..config(1 << 30, "zero,pool", FaultMode::Thread, 2) });
     let n = 512;
     let base = p.map_detached(n * PAGE, Hint::Random).unwrap() as usize;
     assert_eq!(p.mapping_of(base + 5 * PAGE), Some((base, n * PAGE)));
@@ -181,7 +157,7 @@ fn dontneed_on_detached_memory_frees_kept_slots_of_clean_pages_too() {
 #[test]
 fn munmap_head_tail_middle_and_whole_frees_everything() {
     let _g = serial();
-    let p = pager(1 << 30, "zero,pool,file");
+    let p = start(PagerConfig { keep_clean: false, ..config(1 << 30, "zero,pool,file", FaultMode::Thread, 2) });
     let n = 256;
     let base = p.map_detached(n * PAGE, Hint::Random).unwrap() as usize;
     three_states(&p, base, n, 3);
@@ -238,7 +214,7 @@ fn mremap(old: usize, old_pages: usize, new_pages: usize, flags: i32, to: usize)
 #[test]
 fn mremap_move_grow_and_shrink_carry_every_page() {
     let _g = serial();
-    let p = pager(1 << 30, "zero,pool,file");
+    let p = start(PagerConfig { keep_clean: false, ..config(1 << 30, "zero,pool,file", FaultMode::Thread, 2) });
     let n = 256;
     let base = p.map_detached(n * PAGE, Hint::Random).unwrap() as usize;
     three_states(&p, base, n, 21);
@@ -299,7 +275,7 @@ fn mremap_move_grow_and_shrink_carry_every_page() {
 fn discards_and_unmaps_race_reclaim_and_faults_without_losing_a_byte() {
     let _g = serial();
     // A 4 MiB budget over 4 threads x 2 MiB: reclaim runs all the time.
-    let p = Arc::new(pager(4 << 20, "zero,pool"));
+    let p = Arc::new(start(PagerConfig { keep_clean: false, ..config(4 << 20, "zero,pool", FaultMode::Thread, 2) }));
     let n = 512;
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
@@ -372,23 +348,6 @@ fn discards_and_unmaps_race_reclaim_and_faults_without_losing_a_byte() {
     assert!(st.counters.pgsteal > 0, "reclaim ran");
 }
 
-/// `fill_page`'s check without allocating (safe in a forked child of a threaded process).
-fn page_ok(page: &[u8], p: usize, salt: u64) -> bool {
-    match p % 8 {
-        1 => page.iter().all(|&b| b == 0),
-        3 => {
-            let mut x = (p as u64 ^ salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            page.chunks_exact(8).all(|w| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                w == x.to_le_bytes()
-            })
-        }
-        _ => page.chunks_exact(8).enumerate().all(|(i, w)| w == ((p as u64) * 512 + i as u64 + salt).to_le_bytes()),
-    }
-}
-
 fn pipe() -> (i32, i32) {
     let mut fds = [0i32; 2];
     // SAFETY: pipe(2) writes two fds into our array.
@@ -424,7 +383,7 @@ fn fork_and_check(maps: &[(usize, usize, u64)], parent: impl FnOnce()) -> u8 {
         let mut ok = 1u8;
         for &(base, n, salt) in maps {
             for p in 0..n {
-                if !page_ok(page_at(base, p), p, salt) {
+                if !mixed_page_ok(page_at(base, p), p, salt) {
                     ok = 0;
                 }
             }
@@ -463,7 +422,7 @@ fn await_stats(p: &Pager, what: &str, cond: impl Fn(&tierswap::Stats) -> bool) {
 #[test]
 fn forked_child_sees_fork_time_memory_while_the_parent_rewrites_and_frees_it() {
     let _g = serial();
-    let p = pager(1 << 30, "zero,pool,file");
+    let p = start(PagerConfig { keep_clean: false, ..config(1 << 30, "zero,pool,file", FaultMode::Thread, 2) });
     let n = 512;
     let base = p.map_detached(n * PAGE, Hint::Random).unwrap() as usize;
     three_states(&p, base, n, 31);
@@ -506,7 +465,7 @@ fn forked_child_sees_fork_time_memory_while_the_parent_rewrites_and_frees_it() {
 #[test]
 fn fork_exec_stays_cheap_with_much_swapped() {
     let _g = serial();
-    let p = pager(1 << 30, "zero,pool");
+    let p = start(PagerConfig { keep_clean: false, ..config(1 << 30, "zero,pool", FaultMode::Thread, 2) });
     let n = 32768; // 128 MiB swapped
     let base = p.map_detached(n * PAGE, Hint::Sequential).unwrap() as usize;
     fill(base, 0..n, 51);

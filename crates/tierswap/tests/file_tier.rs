@@ -3,34 +3,15 @@
 //! disk when records are encrypted, nobody else can open the swap file, and a full disk
 //! loses no page.
 
+mod common;
+
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::process::Command;
 
-use tierswap::{Hint, Pager, PagerConfig, Tiers};
-
-const PAGE: usize = 4096;
-
-fn fill_page(buf: &mut [u8], p: usize) {
-    for (i, w) in buf.chunks_exact_mut(8).enumerate() {
-        w.copy_from_slice(&((p as u64) * 512 + i as u64).to_le_bytes());
-    }
-}
-
-fn page_ok(buf: &[u8], p: usize) -> bool {
-    buf.chunks_exact(8).enumerate().all(|(i, w)| w == ((p as u64) * 512 + i as u64).to_le_bytes())
-}
-
-/// A region of `n` pages of `p`, page `i` filled with counter data for `i`.
-fn filled_region(p: &Pager, n: usize) -> tierswap::Region {
-    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
-    let mem = r.as_mut_slice();
-    for pg in 0..n {
-        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg);
-    }
-    r
-}
+use common::{config, fill_page, filled_region, noise_page, page_matches_at, run_alone, start, PAGE};
+use tierswap::{FaultMode, Hint, Pager, PagerConfig};
 
 /// The pager's swap file, reopened through /proc/self/fd (buffered, unlike the pager's
 /// O_DIRECT descriptor, so a test can read and write any byte).
@@ -54,14 +35,7 @@ fn flip_record_bit(f: &std::fs::File, offset: u64, len: usize) -> u64 {
 /// that ended it (if one did), its exit code, stdout and stderr.
 fn run_child(test: &str, env: &[(&str, String)]) -> (Option<i32>, Option<i32>, String, String) {
     use std::os::unix::process::ExitStatusExt;
-    let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args(["--exact", test, "--nocapture", "--test-threads=1"]);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    let out = c.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let (out, stdout, stderr) = run_alone(test, env);
     (out.status.signal(), out.status.code(), stdout, stderr)
 }
 
@@ -109,7 +83,7 @@ fn corrupted_child(encrypt: bool) {
     eprintln!("corrupted byte at file offset {pos}");
     let mut good = 0;
     for pg in (0..n).filter(|&pg| pg != 3) {
-        assert!(page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg), "page {pg}");
+        assert!(page_matches_at(mem, pg, 0), "page {pg}");
         good += 1;
     }
     println!("good pages {good}");
@@ -183,20 +157,16 @@ fn a_full_disk_loses_no_page() {
         }
     }
     let _guard = Unmount(dir.clone());
-    let p = Pager::new(PagerConfig {
-        budget_bytes: 4 << 20,
-        tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
+    let p = start(PagerConfig {
         pool_max_bytes: Some(1 << 20),
         swap_dir: Some(dir.clone()),
-        fault_threads: 2,
-        ..Default::default()
-    })
-    .unwrap();
+        ..config(4 << 20, "zero,pool,file", FaultMode::Thread, 2)
+    });
     let n = 4096; // 16 MiB of pages through a 1 MiB disk
-    let r = filled_region(&p, n);
+    let r = filled_region(&p, n, Hint::Normal, 0);
     p.evict_all();
     let mem = r.as_slice();
-    let bad = (0..n).filter(|&pg| !page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg)).count();
+    let bad = (0..n).filter(|&pg| !page_matches_at(mem, pg, 0)).count();
     assert_eq!(bad, 0, "no page lost to a full disk");
     let st = p.stats();
     assert!(st.counters.writeback_errors > 0, "the full disk was noticed: {:?}", st.counters);
@@ -216,7 +186,7 @@ fn the_swap_file_is_private_and_unlinked() {
     assert_eq!(m.mode() & 0o777, 0o600, "only the owner may read or write the swap file");
     assert_eq!(m.nlink(), 0, "the swap file has no name anyone could open");
     let mem = r.as_slice();
-    assert!((0..n).all(|pg| page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg)));
+    assert!((0..n).all(|pg| page_matches_at(mem, pg, 0)));
 }
 
 /// A pager whose evicted pages all go to the file (no pool), and a region of `n` counter
@@ -228,7 +198,7 @@ fn all_on_disk(n: usize) -> (Pager, tierswap::Region) {
 /// [`all_on_disk`] with records encrypted or only checksummed.
 fn all_on_disk_with(n: usize, encrypt: bool) -> (Pager, tierswap::Region) {
     let p = disk_pager(encrypt);
-    let r = filled_region(&p, n);
+    let r = filled_region(&p, n, Hint::Normal, 0);
     p.evict_all();
     assert_eq!(r.page_states(), (0, 0, n), "every page on disk");
     (p, r)
@@ -236,14 +206,7 @@ fn all_on_disk_with(n: usize, encrypt: bool) -> (Pager, tierswap::Region) {
 
 /// A pager whose evicted pages all go to the file (no pool).
 fn disk_pager(encrypt: bool) -> Pager {
-    Pager::new(PagerConfig {
-        budget_bytes: 8 << 20,
-        tiers: "zero,file".parse::<Tiers>().unwrap(),
-        fault_threads: 1,
-        encrypt,
-        ..Default::default()
-    })
-    .unwrap()
+    start(PagerConfig { encrypt, ..config(8 << 20, "zero,file", FaultMode::Thread, 1) })
 }
 
 #[test]
@@ -251,21 +214,17 @@ fn readahead_follows_a_sequential_refault_and_stops_on_a_random_one() {
     let n = 8192; // 32 MiB through an 8 MiB budget
                   // Readahead into staging is the order-0 path's: with large swap-in a sequential refault
                   // is served in place instead (tests/swapin.rs).
-    let p = Pager::new(PagerConfig {
-        budget_bytes: 8 << 20,
-        tiers: "zero,file".parse::<Tiers>().unwrap(),
-        fault_threads: 1,
+    let p = start(PagerConfig {
         swapin_policy: tierswap::SwapinPolicy::Order0,
-        ..Default::default()
-    })
-    .unwrap();
-    let r = filled_region(&p, n);
+        ..config(8 << 20, "zero,file", FaultMode::Thread, 1)
+    });
+    let r = filled_region(&p, n, Hint::Normal, 0);
     p.evict_all();
     assert_eq!(r.page_states(), (0, 0, n), "every page on disk");
     let mem = r.as_slice();
     // Sequential over the first half.
     for pg in 0..n / 2 {
-        assert!(page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg), "page {pg}");
+        assert!(page_matches_at(mem, pg, 0), "page {pg}");
     }
     let seq = p.stats().counters;
     assert!(seq.swap_ra > 0, "a sequential refault reads ahead: {seq:?}");
@@ -281,7 +240,7 @@ fn readahead_follows_a_sequential_refault_and_stops_on_a_random_one() {
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         let pg = half + ((z ^ (z >> 31)) % half as u64) as usize;
-        assert!(page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg), "page {pg}");
+        assert!(page_matches_at(mem, pg, 0), "page {pg}");
     }
     let rnd = p.stats().counters;
     assert_eq!(r.readahead_window(), 1, "random faults shrink the window to one page");
@@ -309,14 +268,10 @@ fn version_ok(buf: &[u8], p: usize, ver: u64) -> bool {
 #[test]
 fn drain_empties_the_file_while_threads_read_and_write() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let p = Pager::new(PagerConfig {
-        budget_bytes: 16 << 20,
-        tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
+    let p = start(PagerConfig {
         pool_max_bytes: Some(1 << 20),
-        fault_threads: 2,
-        ..Default::default()
-    })
-    .unwrap();
+        ..config(16 << 20, "zero,pool,file", FaultMode::Thread, 2)
+    });
     let n = 6144; // 24 MiB
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     for pg in 0..n {
@@ -393,17 +348,14 @@ fn drain_empties_the_file_while_threads_read_and_write() {
 /// from the pool to a file of `unit` units. The pool holds them all, so reclaim never
 /// spills a block to the file itself: every write counted is a writeback write.
 fn writeback_write_size(unit: usize, n: usize) -> u64 {
-    let p = Pager::new(PagerConfig {
-        budget_bytes: 16 << 20,
-        tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
+    let p = start(PagerConfig {
         pool_max_bytes: Some(12 << 20),
         file_unit_bytes: unit,
         // lz4's ~2 KiB objects: many to a unit.
         compressor: tierswap::Compressor::Lz4,
-        ..Default::default()
-    })
-    .unwrap();
-    let r = filled_region(&p, n);
+        ..config(16 << 20, "zero,pool,file", FaultMode::Thread, 0)
+    });
+    let r = filled_region(&p, n, Hint::Normal, 0);
     p.evict_all();
     let c = p.stats().counters;
     assert_eq!((c.zswpout, c.file_writes), (n as u64, 0), "every page is in the pool, none in the file: {c:?}");
@@ -416,7 +368,7 @@ fn writeback_write_size(unit: usize, n: usize) -> u64 {
     assert_eq!(c.pswpout, n as u64, "every page reached the file: {c:?}");
     assert!(c.file_writes > 0 && c.file_io_bytes >= c.file_write_bytes, "{c:?}");
     let mem = r.as_slice();
-    assert!((0..n).all(|pg| page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg)), "every page reads back from the file");
+    assert!((0..n).all(|pg| page_matches_at(mem, pg, 0)), "every page reads back from the file");
     assert_eq!(p.stats().counters.pswpin, n as u64, "and they were read from it");
     c.file_io_bytes / c.file_writes
 }
@@ -557,17 +509,13 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 fn no_plaintext_reaches_the_disk_when_encrypted() {
     const CANARY: &[u8; 64] = b"tierswap plaintext canary: this must never be seen on disk.....!";
     for encrypt in [true, false] {
-        let p = Pager::new(PagerConfig {
-            budget_bytes: 8 << 20,
-            tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
+        let p = start(PagerConfig {
             pool_max_bytes: Some(1 << 20),
-            fault_threads: 1,
             encrypt,
             // lz4's ~2 KiB objects: the pool overflows, so writeback writes pool objects too.
             compressor: tierswap::Compressor::Lz4,
-            ..Default::default()
-        })
-        .unwrap();
+            ..config(8 << 20, "zero,pool,file", FaultMode::Thread, 1)
+        });
         // Noise pages go to the file raw at eviction; counter pages compress into the pool
         // and reach the file by writeback. Each holds the canary at byte 1000.
         let n = 1024;
@@ -577,7 +525,7 @@ fn no_plaintext_reaches_the_disk_when_encrypted() {
             if pg & 1 == 0 {
                 fill_noise(&mut b, pg, 7);
             } else {
-                fill_page(&mut b, pg);
+                fill_page(&mut b, pg, 0);
             }
             b[1000..1064].copy_from_slice(CANARY);
             b
@@ -644,7 +592,7 @@ fn another_user_cannot_open_the_swap_file_through_proc() {
     assert_ne!(code, 0, "uid 65534 opened {path}");
     assert!(code == libc::EACCES || code == libc::EPERM, "refused, but with errno {code}");
     let mem = r.as_slice();
-    assert!((0..16).all(|pg| page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg)));
+    assert!((0..16).all(|pg| page_matches_at(mem, pg, 0)));
 }
 
 /// What encryption adds to a disk fault end to end: 16 MiB of incompressible pages evicted
@@ -656,14 +604,7 @@ fn fault_cost_encrypted_vs_crc32c() {
     let n = 4096;
     for encrypt in [false, true, false, true] {
         // A budget above the region: reading back evicts nothing meanwhile.
-        let p = Pager::new(PagerConfig {
-            budget_bytes: 64 << 20,
-            tiers: "zero,file".parse::<Tiers>().unwrap(),
-            fault_threads: 1,
-            encrypt,
-            ..Default::default()
-        })
-        .unwrap();
+        let p = start(PagerConfig { encrypt, ..config(64 << 20, "zero,file", FaultMode::Thread, 1) });
         let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
         for pg in 0..n {
             fill_noise(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 0);
@@ -695,28 +636,19 @@ fn fault_cost_encrypted_vs_crc32c() {
 /// A page whose first half is xorshift noise and second half zeros: lz4 and zstd both store
 /// it in a little over 2 KiB, so recompression cannot shrink it by a quarter.
 fn fill_half_noise(buf: &mut [u8], p: usize) {
-    let mut x = (p as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for w in buf[..PAGE / 2].chunks_exact_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        w.copy_from_slice(&x.to_le_bytes());
-    }
+    noise_page(&mut buf[..PAGE / 2], p as u64 + 1);
     buf[PAGE / 2..].fill(0);
 }
 
 /// A pager with all three local tiers that recompresses cold pool objects with zstd.
 fn recompressing_pager(budget_bytes: u64, pool_max_bytes: u64) -> Pager {
-    Pager::new(PagerConfig {
-        budget_bytes,
-        tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
+    start(PagerConfig {
         pool_max_bytes: Some(pool_max_bytes),
         // zram's pairing: a fast codec first, a dense one for what goes cold.
         compressor: tierswap::Compressor::Lz4,
         recompress: Some(tierswap::Compressor::Zstd { level: 1 }),
-        ..Default::default()
+        ..config(budget_bytes, "zero,pool,file", FaultMode::Thread, 0)
     })
-    .unwrap()
 }
 
 #[test]
@@ -732,7 +664,7 @@ fn recompressed_objects_stay_in_the_pool_then_reach_the_file_in_their_codec() {
         fill_half_noise(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg);
     }
     p.evict_all();
-    let r = filled_region(&p, n);
+    let r = filled_region(&p, n, Hint::Normal, 0);
     p.evict_all();
     // Even recompressed, the counter pages do not fit the 1 MiB pool: some recompressed
     // objects come round again and go to the file.
@@ -764,7 +696,7 @@ fn recompressed_objects_stay_in_the_pool_then_reach_the_file_in_their_codec() {
     let (pswpin_then, on_file_then) = (c.pswpin, st.file_pages);
     let mem = r.as_slice();
     for pg in 0..n {
-        assert!(page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg), "counter page {pg}");
+        assert!(page_matches_at(mem, pg, 0), "counter page {pg}");
     }
     let mut want = vec![0u8; PAGE];
     let mem = noise.as_slice();
@@ -785,7 +717,7 @@ fn recompressed_objects_read_back_from_the_pool_and_from_the_file() {
     // each step below is the test's own.
     let p = recompressing_pager(16 << 20, 12 << 20);
     let n = 1024;
-    let r = filled_region(&p, n);
+    let r = filled_region(&p, n, Hint::Normal, 0);
     p.evict_all();
     let lz4_bytes = p.stats().pool_stored_bytes;
     assert_eq!(p.stats().counters.zswpout, n as u64);
@@ -805,10 +737,10 @@ fn recompressed_objects_read_back_from_the_pool_and_from_the_file() {
     // the pool in zstd.
     let mut r = r;
     let mem = r.as_mut_slice();
-    assert!((0..n).all(|pg| page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg)));
+    assert!((0..n).all(|pg| page_matches_at(mem, pg, 0)));
     assert_eq!(p.stats().counters.pswpin, n as u64);
     for pg in 0..n {
-        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg);
+        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 0);
     }
     p.evict_all();
     let before = p.stats().counters;
@@ -816,7 +748,7 @@ fn recompressed_objects_read_back_from_the_pool_and_from_the_file() {
     let c = p.stats().counters;
     assert!(recompressed > 0 && c.pool_recompressed - before.pool_recompressed == recompressed as u64, "{c:?}");
     let mem = r.as_slice();
-    assert!((0..n).all(|pg| page_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg)));
+    assert!((0..n).all(|pg| page_matches_at(mem, pg, 0)));
     let c = p.stats().counters;
     assert_eq!(c.zswpin - before.zswpin + (c.pswpin - before.pswpin), n as u64, "{c:?}");
 }

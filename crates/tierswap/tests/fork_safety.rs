@@ -4,13 +4,16 @@
 //! deadline: a hang fails the test (the child is killed) instead of hanging the suite.
 //! Every forked child checks bytes of managed memory against the fork-time content.
 
+mod common;
+
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tierswap::{FaultMode, Hint, Pager, PagerConfig, Tiers};
+use common::{pager, rerun_command, PAGE};
+use tierswap::{FaultMode, Hint};
 
 /// Allocations (and frees) made by pager threads in sections that must not allocate
 /// (`tierswap::inject::in_no_alloc_section`): while a fork holds malloc's locks, one of
@@ -49,22 +52,6 @@ unsafe impl std::alloc::GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-const PAGE: usize = 4096;
-
-fn pager(mode: FaultMode, fault_threads: usize) -> Pager {
-    let config = PagerConfig {
-        budget_bytes: 4 << 20,
-        tiers: "zero,pool".parse::<Tiers>().unwrap(),
-        fault_threads,
-        fault_mode: mode,
-        ..Default::default()
-    };
-    match Pager::new(config) {
-        Ok(p) => p,
-        Err(e) => panic!("cannot start a pager (these tests need userfaultfd: run as root): {e}"),
-    }
-}
 
 /// Word 0 of page `p` for `salt` (the rest of the page is zero).
 fn word(p: usize, salt: u64) -> u64 {
@@ -113,9 +100,7 @@ fn fork_and_read(base: usize, page: usize, want: u64) -> Result<(), String> {
 /// Runs `scenario` (by name, in this test binary) in a process of its own; fails if it
 /// does not end within `deadline` or does not report success.
 fn run_isolated(scenario: &str, deadline: Duration) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", scenario, "--nocapture", "--test-threads=1"])
-        .env("TIERSWAP_FORK_SCENARIO", scenario)
+    let mut child = rerun_command(scenario, &[("TIERSWAP_FORK_SCENARIO", scenario)])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -167,7 +152,7 @@ fn a_fork_right_after_a_pager_starts_does_not_hang() {
     };
     for round in 0..60u64 {
         let mode = if round % 2 == 0 { FaultMode::Signal } else { FaultMode::Thread };
-        let p = pager(mode, 1);
+        let p = pager(4 << 20, "zero,pool", mode, 1);
         let n = 16;
         let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
         let base = r.as_ptr() as usize;
@@ -190,7 +175,7 @@ fn forks_while_threads_map_free_and_fault_do_not_hang_and_see_fork_time_memory()
         return run_isolated(NAME, Duration::from_secs(120));
     }
     for mode in [FaultMode::Thread, FaultMode::Signal] {
-        let p = Arc::new(pager(mode, 1));
+        let p = Arc::new(pager(4 << 20, "zero,pool", mode, 1));
         let stop = Arc::new(AtomicBool::new(false));
         let ops = Arc::new(AtomicU64::new(0));
         let workers: Vec<_> = (0..2u64)
@@ -302,7 +287,7 @@ fn fork_handlers_that_touch_swapped_out_memory_are_served() {
     // SAFETY: plain extern "C" handlers that read memory and count.
     assert_eq!(unsafe { libc::pthread_atfork(Some(handler_prepare), Some(handler_parent), None) }, 0);
     for mode in [FaultMode::Thread, FaultMode::Signal] {
-        let p = pager(mode, 1);
+        let p = pager(4 << 20, "zero,pool", mode, 1);
         let n = 64;
         let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
         let base = r.as_ptr() as usize;
@@ -359,7 +344,7 @@ fn events_read_while_a_fork_holds_the_gate_allocate_nothing() {
     // SAFETY: a plain extern "C" handler that frees an armed mapping.
     assert_eq!(unsafe { libc::pthread_atfork(Some(prepare_frees), None, None) }, 0);
     for mode in [FaultMode::Thread, FaultMode::Signal] {
-        let p = pager(mode, 1);
+        let p = pager(4 << 20, "zero,pool", mode, 1);
         let n = 64;
         let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
         let base = r.as_ptr() as usize;

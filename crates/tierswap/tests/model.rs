@@ -1,10 +1,12 @@
 //! Model test: random reads, writes and evictions on a region, compared byte for byte with a
 //! plain Vec of pages.
 
-use proptest::prelude::*;
-use tierswap::{Hint, Pager, PagerConfig, Tiers};
+mod common;
 
-const PAGE: usize = 4096;
+use common::{pager, PAGE};
+use proptest::prelude::*;
+use tierswap::{FaultMode, Hint};
+
 const PAGES: usize = 96;
 
 #[derive(Clone, Debug)]
@@ -59,12 +61,7 @@ proptest! {
     #[test]
     fn region_behaves_like_a_vec(ops in proptest::collection::vec(op(), 1..120), tiers in 0usize..3) {
         let tiers = ["zero,pool,file", "zero,pool", "pool,file"][tiers];
-        let p = Pager::new(PagerConfig {
-            budget_bytes: 4 << 20,
-            tiers: tiers.parse::<Tiers>().unwrap(),
-            fault_threads: 2,
-            ..Default::default()
-        }).expect("pager (needs userfaultfd: run as root)");
+        let p = pager(4 << 20, tiers, FaultMode::Thread, 2);
         let mut r = p.region(PAGES * PAGE, Hint::Normal).unwrap();
         let mut model = vec![0u8; PAGES * PAGE];
         let mut buf = vec![0u8; PAGE];

@@ -1,51 +1,18 @@
 //! The pager end to end, on real userfaultfd: every byte that comes back is compared with
 //! what was written, and counters are checked against what the test did.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tierswap::{Hint, Pager, PagerConfig, Tiers};
-
-const PAGE: usize = 4096;
-
-fn pager(budget: u64, tiers: &str) -> Pager {
-    let config = PagerConfig {
-        budget_bytes: budget,
-        tiers: tiers.parse::<Tiers>().unwrap(),
-        fault_threads: 2,
-        ..Default::default()
-    };
-    match Pager::new(config) {
-        Ok(p) => p,
-        Err(e) => panic!("cannot start a pager (these tests need userfaultfd: run as root): {e}"),
-    }
-}
-
-/// Compressible, page-unique content: word i of page p is p * 512 + i + salt.
-fn fill_page(buf: &mut [u8], p: usize, salt: u64) {
-    for (i, w) in buf.chunks_exact_mut(8).enumerate() {
-        w.copy_from_slice(&((p as u64) * 512 + i as u64 + salt).to_le_bytes());
-    }
-}
-
-fn page_matches(buf: &[u8], p: usize, salt: u64) -> bool {
-    buf.chunks_exact(8).enumerate().all(|(i, w)| w == ((p as u64) * 512 + i as u64 + salt).to_le_bytes())
-}
-
-fn random_page(buf: &mut [u8], p: usize) {
-    let mut x = (p as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for w in buf.chunks_exact_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        w.copy_from_slice(&x.to_le_bytes());
-    }
-}
+use common::{config, fill_page, noise_page, page_matches, pager, start, PAGE};
+use tierswap::{FaultMode, Hint, Pager, PagerConfig};
 
 #[test]
 fn roundtrip_through_every_tier_under_budget() {
-    let p = pager(8 << 20, "zero,pool,file");
+    let p = pager(8 << 20, "zero,pool,file", FaultMode::Thread, 2);
     let n = 8192; // 32 MiB through an 8 MiB budget
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     let mem = r.as_mut_slice();
@@ -54,7 +21,7 @@ fn roundtrip_through_every_tier_under_budget() {
         match pg % 8 {
             0 => b.fill(0),
             1 => b.fill(0xff),
-            2 => random_page(b, pg),
+            2 => noise_page(b, pg as u64),
             _ => fill_page(b, pg, 7),
         }
     }
@@ -71,7 +38,7 @@ fn roundtrip_through_every_tier_under_budget() {
         match pg % 8 {
             0 => expect.fill(0),
             1 => expect.fill(0xff),
-            2 => random_page(&mut expect, pg),
+            2 => noise_page(&mut expect, pg as u64),
             _ => fill_page(&mut expect, pg, 7),
         }
         if mem[pg * PAGE..(pg + 1) * PAGE] != expect[..] {
@@ -88,13 +55,13 @@ fn roundtrip_through_every_tier_under_budget() {
 
 #[test]
 fn region_drop_frees_every_slot() {
-    let p = pager(4 << 20, "zero,pool,file");
+    let p = pager(4 << 20, "zero,pool,file", FaultMode::Thread, 2);
     {
         let mut r = p.region(16 << 20, Hint::Normal).unwrap();
         let mem = r.as_mut_slice();
         for pg in 0..(16 << 20) / PAGE {
             if pg % 3 == 0 {
-                random_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg);
+                noise_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg as u64);
             } else {
                 fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 1);
             }
@@ -117,7 +84,7 @@ fn region_drop_frees_every_slot() {
 
 #[test]
 fn threads_touch_the_same_pages_while_reclaim_runs() {
-    let p = Arc::new(pager(4 << 20, "zero,pool,file"));
+    let p = Arc::new(pager(4 << 20, "zero,pool,file", FaultMode::Thread, 2));
     let n = 4096; // 16 MiB, 4x the budget
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     let mem = r.as_mut_slice();
@@ -169,15 +136,11 @@ fn threads_touch_the_same_pages_while_reclaim_runs() {
 #[test]
 fn direct_reclaim_evicts_beside_the_reclaim_thread_and_loses_nothing() {
     for (direct, ahead) in [(true, true), (true, false), (false, true)] {
-        let p = Pager::new(PagerConfig {
-            budget_bytes: 4 << 20,
-            tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
-            fault_threads: 2,
+        let p = start(PagerConfig {
             direct_reclaim: direct,
             stage_ahead: ahead,
-            ..Default::default()
-        })
-        .unwrap();
+            ..config(4 << 20, "zero,pool,file", FaultMode::Thread, 2)
+        });
         let n = 8192; // 32 MiB
         let r = p.region(n * PAGE, Hint::Normal).unwrap();
         let base = r.as_ptr() as usize;
@@ -249,14 +212,7 @@ fn the_fault_thread_on_the_programs_cpu_serves_it_and_every_page_comes_back() {
     let cpus = tierswap::sys::allowed_cpus().expect("sched_getaffinity");
     let (first, last) = (cpus[0], *cpus.last().unwrap());
     for follow in [true, false] {
-        let p = Pager::new(PagerConfig {
-            budget_bytes: 8 << 20,
-            tiers: "zero,pool".parse::<Tiers>().unwrap(),
-            fault_threads: 2,
-            fault_follow: follow,
-            ..Default::default()
-        })
-        .unwrap();
+        let p = start(PagerConfig { fault_follow: follow, ..config(8 << 20, "zero,pool", FaultMode::Thread, 2) });
         let n = 8192; // 32 MiB through 8 MiB: every pass faults throughout
         let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
         let mem = r.as_mut_slice();
@@ -312,7 +268,7 @@ fn the_fault_thread_on_the_programs_cpu_serves_it_and_every_page_comes_back() {
 #[test]
 fn reclaim_stops_at_the_high_watermark_once_the_program_stops_faulting() {
     let budget = 64u64 << 20;
-    let p = pager(budget, "zero,pool,file");
+    let p = pager(budget, "zero,pool,file", FaultMode::Thread, 2);
     let n = 2 * budget as usize / PAGE;
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     let mem = r.as_mut_slice();
@@ -342,16 +298,10 @@ fn reclaim_keeps_to_the_high_watermark_while_no_fault_waits_for_room() {
     let budget = 64u64 << 20;
     let (low, high) = (budget - budget / 12, budget - budget / 32);
     for headroom in [true, false] {
-        let p = Arc::new(
-            Pager::new(PagerConfig {
-                budget_bytes: budget,
-                tiers: "zero,pool".parse::<Tiers>().unwrap(),
-                fault_threads: 2,
-                throttle_headroom: headroom,
-                ..Default::default()
-            })
-            .unwrap(),
-        );
+        let p = Arc::new(start(PagerConfig {
+            throttle_headroom: headroom,
+            ..config(budget, "zero,pool", FaultMode::Thread, 2)
+        }));
         let n = 3 * budget as usize / PAGE;
         let mut r = p.region(n * PAGE, Hint::Random).unwrap();
         let mem = r.as_mut_slice();
@@ -397,7 +347,7 @@ fn reclaim_keeps_to_the_high_watermark_while_no_fault_waits_for_room() {
 
 #[test]
 fn writes_racing_eviction_are_never_lost() {
-    let p = Arc::new(pager(4 << 20, "zero,pool,file"));
+    let p = Arc::new(pager(4 << 20, "zero,pool,file", FaultMode::Thread, 2));
     let n = 2048;
     let r = p.region(n * PAGE, Hint::Normal).unwrap();
     let base = r.as_ptr() as usize;
@@ -450,12 +400,12 @@ fn writes_racing_eviction_are_never_lost() {
 
 #[test]
 fn pool_only_keeps_incompressible_pages_raw_and_counts_them() {
-    let p = pager(8 << 20, "zero,pool");
+    let p = pager(8 << 20, "zero,pool", FaultMode::Thread, 2);
     let n = 256;
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     let mem = r.as_mut_slice();
     for pg in 0..n {
-        random_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg);
+        noise_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg as u64);
     }
     p.evict_all();
     assert_eq!(r.page_states(), (0, 0, n), "every page evicted");
@@ -466,14 +416,14 @@ fn pool_only_keeps_incompressible_pages_raw_and_counts_them() {
     assert_eq!(st.counters.pswpout, 0);
     let mut expect = vec![0u8; PAGE];
     for pg in 0..n {
-        random_page(&mut expect, pg);
+        noise_page(&mut expect, pg as u64);
         assert_eq!(&mem[pg * PAGE..(pg + 1) * PAGE], &expect[..], "page {pg}");
     }
 }
 
 #[test]
 fn first_touch_reads_zero_and_bad_sizes_are_refused() {
-    let p = pager(8 << 20, "zero,pool");
+    let p = pager(8 << 20, "zero,pool", FaultMode::Thread, 2);
     let r = p.region(10 * PAGE + 1, Hint::Random).unwrap();
     assert_eq!(r.len(), 11 * PAGE);
     // SAFETY: the region is 11 pages long.
@@ -485,7 +435,7 @@ fn first_touch_reads_zero_and_bad_sizes_are_refused() {
 
 #[test]
 fn pages_the_program_drops_read_back_as_zeros() {
-    let p = pager(8 << 20, "zero,pool,file");
+    let p = pager(8 << 20, "zero,pool,file", FaultMode::Thread, 2);
     let n = 64;
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     let mem = r.as_mut_slice();

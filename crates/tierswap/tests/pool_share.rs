@@ -4,11 +4,13 @@
 //! the room back. Every byte that comes back is compared with what was written. (The
 //! limit's decisions themselves are unit-tested in `policy/pool_share.rs`.)
 
+mod common;
+
 use std::time::{Duration, Instant};
 
-use tierswap::{Compressor, Hint, Pager, PagerConfig, Region, Stats};
+use common::{config, counter_word, filled_region, start, stats_when, PAGE};
+use tierswap::{Compressor, FaultMode, Hint, Pager, PagerConfig, Region};
 
-const PAGE: usize = 4096;
 const BUDGET: u64 = 16 << 20;
 /// The pool limit a pager starts with: half the budget.
 const BASE: u64 = BUDGET / 2;
@@ -16,53 +18,18 @@ const BASE: u64 = BUDGET / 2;
 /// about half of what is evicted spills past an 8 MiB pool to the file.
 const N: usize = 8192;
 
-fn pager(adapt: bool) -> Pager {
-    let config = PagerConfig {
-        budget_bytes: BUDGET,
-        tiers: "zero,pool,file".parse().unwrap(),
-        fault_threads: 1,
-        compressor: Compressor::Lz4,
-        pool_adapt: adapt,
-        ..Default::default()
-    };
-    match Pager::new(config) {
-        Ok(p) => p,
-        Err(e) => panic!("cannot start a pager (these tests need userfaultfd: run as root): {e}"),
-    }
-}
-
-/// Word i of page p is p * 512 + i + 7: compressible and unique per page.
-fn fill(r: &mut Region) {
-    for (p, page) in r.as_mut_slice().chunks_exact_mut(PAGE).enumerate() {
-        for (i, w) in page.chunks_exact_mut(8).enumerate() {
-            w.copy_from_slice(&((p as u64) * 512 + i as u64 + 7).to_le_bytes());
-        }
-    }
-}
-
+/// Asserts that page `p` of `r` holds counter page `p` for salt 7, word by word.
 fn check(r: &Region, p: usize) {
     let page = &r.as_slice()[p * PAGE..(p + 1) * PAGE];
     for (i, w) in page.chunks_exact(8).enumerate() {
-        assert_eq!(w, ((p as u64) * 512 + i as u64 + 7).to_le_bytes(), "page {p} word {i}");
-    }
-}
-
-fn stats_when(p: &Pager, secs: u64, done: impl Fn(&Stats) -> bool) -> Stats {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let st = p.stats();
-        if done(&st) || Instant::now() >= deadline {
-            return st;
-        }
-        std::thread::sleep(Duration::from_millis(1));
+        assert_eq!(w, counter_word(p, i, 7).to_le_bytes(), "page {p} word {i}");
     }
 }
 
 /// The whole region evicted, and writeback done with the pool's overflow: about half the
 /// pages are on the file, the newest records last written.
 fn spilled_region(p: &Pager) -> Region {
-    let mut r = p.region(N * PAGE, Hint::Normal).unwrap();
-    fill(&mut r);
+    let r = filled_region(p, N, Hint::Normal, 7);
     p.evict_all();
     let st = stats_when(p, 10, |st| st.pool_total_size <= st.pool_limit && st.file_pages > 0);
     assert!(st.file_pages as usize > N / 8, "the pool spilled to the file: {st:?}");
@@ -93,7 +60,11 @@ fn a_pool_at_five_eighths_keeps_what_half_the_budget_spills() {
     // (adaptive, file pages after the spill, pages read back from the file)
     let mut seen = Vec::new();
     for adapt in [true, false] {
-        let p = pager(adapt);
+        let p = start(PagerConfig {
+            compressor: Compressor::Lz4,
+            pool_adapt: adapt,
+            ..config(BUDGET, "zero,pool,file", FaultMode::Thread, 1)
+        });
         assert_eq!(p.stats().pool_limit, if adapt { BUDGET / 8 * 5 } else { BASE });
         let r = spilled_region(&p);
         let spilled = p.stats().file_pages;
@@ -123,7 +94,11 @@ fn a_pool_at_five_eighths_keeps_what_half_the_budget_spills() {
 
 #[test]
 fn a_hot_set_squeezed_by_the_pool_gets_the_room_back() {
-    let p = pager(true);
+    let p = start(PagerConfig {
+        compressor: Compressor::Lz4,
+        pool_adapt: true,
+        ..config(BUDGET, "zero,pool,file", FaultMode::Thread, 1)
+    });
     let r = spilled_region(&p);
     let top = p.stats().pool_limit;
     assert_eq!(top, BUDGET / 8 * 5);

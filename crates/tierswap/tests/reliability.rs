@@ -13,16 +13,17 @@
 //! Also here: the pager's threads are immune to the program's signal masks and handlers
 //! (SIGUSR1/SIGALRM storms while faulting).
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{config, run_alone, start, PAGE};
 use tierswap::inject::Kind;
-use tierswap::{Hint, Pager, PagerConfig, Tiers};
+use tierswap::{FaultMode, Hint, PagerConfig};
 
-const PAGE: usize = 4096;
 const WORDS: usize = PAGE / 8;
 /// Pages per scenario: 12 MiB through a 4 MiB budget (the least the pager takes) and a 1 MiB pool.
 const N_PAGES: usize = 3072;
@@ -210,14 +211,8 @@ fn version(p: usize, round: u64) -> u64 {
 /// The child: fill, evict, read back, rewrite a third, evict, read back; print the outcome.
 fn child() {
     install_probe_handler();
-    let pager = Pager::new(PagerConfig {
-        budget_bytes: 4 << 20,
-        tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
-        pool_max_bytes: Some(1 << 20),
-        fault_threads: 2,
-        ..Default::default()
-    })
-    .expect("a pager");
+    let pager =
+        start(PagerConfig { pool_max_bytes: Some(1 << 20), ..config(4 << 20, "zero,pool,file", FaultMode::Thread, 2) });
     let region = pager.region(N_PAGES * PAGE, Hint::Normal).expect("a region");
     let sh = Arc::new(Shared {
         base: region.as_ptr() as usize,
@@ -269,14 +264,7 @@ fn child() {
 
 /// Runs the child for `test` with `spec`; returns its outcome and the engine's log.
 fn run_child(test: &str, spec: &str) -> (Outcome, String) {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env("RELIABILITY_CHILD", "1")
-        .env("TIERSWAP_INJECT", spec)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let (out, stdout, stderr) = run_alone(test, &[("RELIABILITY_CHILD", "1"), ("TIERSWAP_INJECT", spec)]);
     assert!(out.status.success(), "{test}: the child failed ({:?}):\n{stdout}\n{stderr}", out.status);
     let line = stdout
         .lines()
@@ -510,13 +498,8 @@ fn signal_storms_reach_only_program_threads() {
         assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
         assert_eq!(libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut()), 0);
     }
-    let pager = Pager::new(PagerConfig {
-        budget_bytes: 4 << 20,
-        pool_max_bytes: Some(1 << 20),
-        fault_threads: 2,
-        ..Default::default()
-    })
-    .unwrap();
+    let pager =
+        start(PagerConfig { pool_max_bytes: Some(1 << 20), ..config(4 << 20, "zero,pool,file", FaultMode::Thread, 2) });
     // A thread names itself once it runs: wait for the two fault threads and reclaim.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let mut pager_tids: BTreeSet<i32> = thread_ids_named("tierswap");

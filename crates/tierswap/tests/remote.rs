@@ -4,15 +4,16 @@
 //! with `replicas = 1`; a cluster stopped mid-run leaves the program running on pool and
 //! file, and only the pages that were remote-only fail, with SIGBUS, counted and logged.
 
+mod common;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::{fill_page, noise_page, run_alone, start, PAGE};
 use tierswap::backend::resp::ClusterClient;
-use tierswap::{Hint, Pager, PagerConfig, RemoteConfig, Stats};
-
-const PAGE: usize = 4096;
+use tierswap::{FaultMode, Hint, Pager, PagerConfig, RemoteConfig, Stats};
 
 /// A cluster started for one test; stopped when dropped.
 struct Cluster {
@@ -90,17 +91,9 @@ fn page_content(set: u64, pg: usize, zeros: bool, buf: &mut [u8]) {
     if zeros && pg.is_multiple_of(5) {
         buf.fill(0);
     } else if pg % 7 == 3 {
-        let mut x = ((set << 32) | pg as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        for w in buf.chunks_exact_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            w.copy_from_slice(&x.to_le_bytes());
-        }
+        noise_page(buf, (set << 32) | pg as u64);
     } else {
-        for (i, w) in buf.chunks_exact_mut(8).enumerate() {
-            w.copy_from_slice(&((set << 40) + (pg as u64) * 512 + i as u64).to_le_bytes());
-        }
+        fill_page(buf, pg, set << 40);
     }
 }
 
@@ -129,10 +122,7 @@ fn mismatches(r: &tierswap::Region, set: u64, zeros: bool, which: impl Fn(usize)
 fn config(c: &Cluster, file: bool, replicas: u32, fault_tries: u32) -> PagerConfig {
     let tiers = if file { "zero,pool,file" } else { "zero,pool" };
     PagerConfig {
-        budget_bytes: 64 << 20,
-        tiers: tiers.parse().unwrap(),
         pool_max_bytes: Some(8 << 20),
-        fault_threads: 2,
         remote: Some(RemoteConfig {
             seeds: c.seeds[..2].to_vec(),
             replicas,
@@ -140,7 +130,7 @@ fn config(c: &Cluster, file: bool, replicas: u32, fault_tries: u32) -> PagerConf
             retry_backoff_ms: 100,
             ..Default::default()
         }),
-        ..Default::default()
+        ..common::config(64 << 20, tiers, FaultMode::Thread, 2)
     }
 }
 
@@ -161,7 +151,7 @@ fn evict_to_writeback(p: &Pager) -> Stats {
 #[test]
 fn pages_round_trip_through_the_cluster_every_byte() {
     let c = Cluster::start("roundtrip", 7200);
-    let p = Pager::new(config(&c, false, 0, 3)).unwrap();
+    let p = start(config(&c, false, 0, 3));
     let n = 4096;
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     fill(&mut r, 1, true);
@@ -216,7 +206,7 @@ fn pages_round_trip_through_the_cluster_every_byte() {
 #[test]
 fn a_primary_killed_during_refault_loses_nothing_with_one_replica() {
     let c = Cluster::start("failover", 7220);
-    let p = Pager::new(config(&c, false, 1, 30)).unwrap();
+    let p = start(config(&c, false, 1, 30));
     let n = 8192;
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     fill(&mut r, 3, false);
@@ -258,7 +248,7 @@ fn not_remote(pg: usize) -> bool {
 fn cluster_down_child(dir: &str, base: &str) {
     let seeds: Vec<String> = (0..6).map(|i| format!("127.0.0.1:{}", base.parse::<u16>().unwrap() + i)).collect();
     let c = Cluster { dir: dir.into(), base: base.parse().unwrap(), seeds };
-    let p = Pager::new(config(&c, true, 0, 3)).unwrap();
+    let p = start(config(&c, true, 0, 3));
     let n = 1024;
     let mut a = p.region(n * PAGE, Hint::Normal).unwrap();
     fill(&mut a, 5, true);
@@ -335,15 +325,14 @@ fn stopping_the_cluster_keeps_the_program_running_on_pool_and_file() {
     }
     let c = Cluster::start("down", 7240);
     use std::os::unix::process::ExitStatusExt;
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "stopping_the_cluster_keeps_the_program_running_on_pool_and_file", "--nocapture"])
-        .args(["--test-threads=1"])
-        .env("TIERSWAP_REMOTE_CHILD_DIR", &c.dir)
-        .env("TIERSWAP_REMOTE_CHILD_BASE", c.base.to_string())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let base = c.base.to_string();
+    let (out, stdout, stderr) = run_alone(
+        "stopping_the_cluster_keeps_the_program_running_on_pool_and_file",
+        &[
+            ("TIERSWAP_REMOTE_CHILD_DIR", c.dir.as_os_str()),
+            ("TIERSWAP_REMOTE_CHILD_BASE", std::ffi::OsStr::new(&base)),
+        ],
+    );
     assert_eq!(
         out.status.signal(),
         Some(libc::SIGBUS),
@@ -440,7 +429,7 @@ fn the_footprint_stays_under_the_budget_with_only_the_remote_below_the_pool() {
     let budget: u64 = 32 << 20;
     // The lab's usama_1g ratios: data 4 x budget, pool limit 1/8 of it; no file tier.
     let cfg = PagerConfig { budget_bytes: budget, pool_max_bytes: Some(budget / 8), ..config(&c, false, 0, 3) };
-    let p = std::sync::Arc::new(Pager::new(cfg).unwrap());
+    let p = std::sync::Arc::new(start(cfg));
     let n = (4 * budget) as usize / PAGE;
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     // Every server stops answering for 1.5 s (longer than a round trip's timeout) while a
@@ -513,7 +502,7 @@ fn primaries(c: &Cluster) -> Vec<Primary> {
 fn pages_come_back_while_their_slot_migrates_between_primaries() {
     use tierswap::backend::resp::key_slot;
     let c = Cluster::start("ask", 7280);
-    let p = Pager::new(config(&c, false, 0, 3)).unwrap();
+    let p = start(config(&c, false, 0, 3));
     let n = 4096;
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     fill(&mut r, 9, false);
@@ -593,7 +582,7 @@ fn a_cluster_gone_for_good_without_a_file_tier_costs_the_budget_not_the_program(
     let c = Cluster::start("gone", 7250);
     let budget: u64 = 32 << 20;
     let cfg = PagerConfig { budget_bytes: budget, pool_max_bytes: Some(budget / 8), ..config(&c, false, 0, 3) };
-    let p = std::sync::Arc::new(Pager::new(cfg).unwrap());
+    let p = std::sync::Arc::new(start(cfg));
     let n_a = 2048;
     let mut a = p.region(n_a * PAGE, Hint::Normal).unwrap();
     fill(&mut a, 12, false);
@@ -647,7 +636,7 @@ fn a_cluster_gone_for_good_without_a_file_tier_costs_the_budget_not_the_program(
 #[test]
 fn pages_read_from_a_failing_remote_are_not_left_there_alone() {
     let c = Cluster::start("clean", 7270);
-    let p = Pager::new(config(&c, false, 0, 3)).unwrap();
+    let p = start(config(&c, false, 0, 3));
     let n = 2048;
     let mut a = p.region(n * PAGE, Hint::Normal).unwrap();
     fill(&mut a, 14, false);

@@ -4,64 +4,30 @@
 //! swapped-out page fails with EFAULT, and works after `Region::prefault`) is tested as
 //! such; SIGBUS that is not a pager's reaches the program's own handler.
 
+mod common;
+
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tierswap::{FaultMode, Hint, Pager, PagerConfig, Tiers};
+use common::{config, fill_page, noise_page, page_matches, pager, run_alone, start, PAGE};
+use tierswap::{FaultMode, Hint, PagerConfig};
 
-const PAGE: usize = 4096;
-
-fn pager(budget: u64, tiers: &str) -> Pager {
-    let config = PagerConfig {
-        budget_bytes: budget,
-        tiers: tiers.parse::<Tiers>().unwrap(),
-        fault_threads: 1,
-        fault_mode: FaultMode::Signal,
-        ..Default::default()
-    };
-    match Pager::new(config) {
-        Ok(p) => p,
-        Err(e) => panic!("cannot start a pager (these tests need userfaultfd: run as root): {e}"),
-    }
-}
-
-/// Word i of page p is p * 512 + i + salt (compressible and unique per page).
-fn fill_page(buf: &mut [u8], p: usize, salt: u64) {
-    for (i, w) in buf.chunks_exact_mut(8).enumerate() {
-        w.copy_from_slice(&((p as u64) * 512 + i as u64 + salt).to_le_bytes());
-    }
-}
-
-fn page_matches(buf: &[u8], p: usize, salt: u64) -> bool {
-    buf.chunks_exact(8).enumerate().all(|(i, w)| w == ((p as u64) * 512 + i as u64 + salt).to_le_bytes())
-}
-
-fn noise_page(buf: &mut [u8], p: usize) {
-    let mut x = (p as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for w in buf.chunks_exact_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        w.copy_from_slice(&x.to_le_bytes());
-    }
-}
-
+/// Page `pg` of the round trip: zeros, same-filled, noise, or counters.
 fn expected(pg: usize, buf: &mut [u8]) {
     match pg % 8 {
         0 => buf.fill(0),
         1 => buf.fill(0x5a),
-        2 => noise_page(buf, pg),
+        2 => noise_page(buf, pg as u64),
         _ => fill_page(buf, pg, 11),
     }
 }
 
 #[test]
 fn every_tier_round_trips_with_faults_served_in_the_faulting_thread() {
-    let p = pager(8 << 20, "zero,pool,file");
+    let p = pager(8 << 20, "zero,pool,file", FaultMode::Signal, 1);
     let n = 8192; // 32 MiB through an 8 MiB budget
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     let mem = r.as_mut_slice();
@@ -101,15 +67,8 @@ fn every_tier_round_trips_with_faults_served_in_the_faulting_thread() {
 #[test]
 fn reclaim_helpers_evict_for_faults_waiting_in_the_handler() {
     for direct in [true, false] {
-        let config = PagerConfig {
-            budget_bytes: 4 << 20,
-            tiers: "zero,pool,file".parse::<Tiers>().unwrap(),
-            fault_threads: 2,
-            fault_mode: FaultMode::Signal,
-            direct_reclaim: direct,
-            ..Default::default()
-        };
-        let p = Pager::new(config).expect("a pager (needs userfaultfd: run as root)");
+        let p =
+            start(PagerConfig { direct_reclaim: direct, ..config(4 << 20, "zero,pool,file", FaultMode::Signal, 2) });
         let n = 8192; // 32 MiB through a 4 MiB budget
         let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
         let mem = r.as_mut_slice();
@@ -133,7 +92,7 @@ fn reclaim_helpers_evict_for_faults_waiting_in_the_handler() {
 
 #[test]
 fn threads_write_and_read_while_reclaim_evicts() {
-    let p = pager(4 << 20, "zero,pool,file");
+    let p = pager(4 << 20, "zero,pool,file", FaultMode::Signal, 1);
     let n = 4096; // 16 MiB through a 4 MiB budget
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     for pg in 0..n {
@@ -183,7 +142,7 @@ fn threads_write_and_read_while_reclaim_evicts() {
 /// fails with EFAULT and loses nothing; after `prefault` the same call works.
 #[test]
 fn system_calls_on_swapped_out_pages_fail_with_efault_until_prefaulted() {
-    let p = pager(8 << 20, "zero,pool");
+    let p = pager(8 << 20, "zero,pool", FaultMode::Signal, 1);
     let n = 64;
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     for pg in 0..n {
@@ -235,19 +194,6 @@ fn system_calls_on_swapped_out_pages_fail_with_efault_until_prefaulted() {
     }
 }
 
-/// Runs test `name` of this binary in a process of its own, with `env` set so that it runs
-/// its body there. Returns its output and its stdout and stderr as text.
-fn run_alone(name: &str, env: &str) -> (std::process::Output, String, String) {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env(env, "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    (out, stdout, stderr)
-}
-
 extern "C" fn program_handler(_sig: i32, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // SAFETY: the kernel's siginfo for this SIGBUS.
     let code = unsafe { (*info).si_code };
@@ -275,7 +221,7 @@ fn install_program_handler() {
 /// whose memory works, then a SIGBUS of its own (a file mapping past the file's end).
 fn chaining_child() {
     install_program_handler();
-    let p = pager(8 << 20, "zero,pool");
+    let p = pager(8 << 20, "zero,pool", FaultMode::Signal, 1);
     let n = 256;
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     for pg in 0..n {
@@ -308,7 +254,7 @@ fn a_sigbus_that_is_not_a_pagers_reaches_the_programs_handler() {
         return chaining_child();
     }
     let (out, stdout, stderr) =
-        run_alone("a_sigbus_that_is_not_a_pagers_reaches_the_programs_handler", "TIERSWAP_CHAIN_CHILD");
+        run_alone("a_sigbus_that_is_not_a_pagers_reaches_the_programs_handler", &[("TIERSWAP_CHAIN_CHILD", "1")]);
     assert_eq!(out.status.code(), Some(42), "the program's handler ran: {:?}\n{stdout}\n{stderr}", out.status.signal());
     let good = stdout
         .lines()
@@ -328,7 +274,7 @@ fn poisoned_child() {
     // SAFETY: alarm has no preconditions; SIGALRM's default action ends the process.
     unsafe { libc::alarm(20) };
     install_program_handler();
-    let p = pager(8 << 20, "zero,file");
+    let p = pager(8 << 20, "zero,file", FaultMode::Signal, 1);
     let n = 64;
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     for pg in 0..n {
@@ -363,7 +309,7 @@ fn a_page_that_cannot_be_read_back_gives_the_program_its_sigbus() {
         return poisoned_child();
     }
     let (out, stdout, stderr) =
-        run_alone("a_page_that_cannot_be_read_back_gives_the_program_its_sigbus", "TIERSWAP_POISON_CHILD");
+        run_alone("a_page_that_cannot_be_read_back_gives_the_program_its_sigbus", &[("TIERSWAP_POISON_CHILD", "1")]);
     assert_eq!(
         out.status.code(),
         Some(42),
@@ -390,14 +336,16 @@ fn a_forked_child_is_served_by_the_parents_pager_and_the_parent_is_untouched() {
     if std::env::var("TIERSWAP_FORK_TEST").is_ok() {
         return forking_test();
     }
-    let (out, stdout, stderr) =
-        run_alone("a_forked_child_is_served_by_the_parents_pager_and_the_parent_is_untouched", "TIERSWAP_FORK_TEST");
+    let (out, stdout, stderr) = run_alone(
+        "a_forked_child_is_served_by_the_parents_pager_and_the_parent_is_untouched",
+        &[("TIERSWAP_FORK_TEST", "1")],
+    );
     assert!(out.status.success(), "{:?}\n{stdout}\n{stderr}", out.status);
     assert!(stdout.contains("forking test done"), "{stdout}\n{stderr}");
 }
 
 fn forking_test() {
-    let p = pager(8 << 20, "zero,pool");
+    let p = pager(8 << 20, "zero,pool", FaultMode::Signal, 1);
     let n = 1024;
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     for pg in 0..n {

@@ -3,45 +3,14 @@
 //! that comes back is compared with what was written; counters are checked against what
 //! the test did.
 
-use tierswap::{Hint, Pager, PagerConfig, SwapinPolicy, Tiers};
+mod common;
 
-const PAGE: usize = 4096;
-
-fn pager(tiers: &str, f: impl FnOnce(&mut PagerConfig)) -> Pager {
-    let mut config = PagerConfig {
-        budget_bytes: 64 << 20,
-        tiers: tiers.parse::<Tiers>().unwrap(),
-        fault_threads: 1,
-        ..Default::default()
-    };
-    f(&mut config);
-    match Pager::new(config) {
-        Ok(p) => p,
-        Err(e) => panic!("cannot start a pager (these tests need userfaultfd: run as root): {e}"),
-    }
-}
-
-/// Word i of page p is p * 512 + i + salt: compressible and unique per page.
-fn fill_page(buf: &mut [u8], p: usize, salt: u64) {
-    for (i, w) in buf.chunks_exact_mut(8).enumerate() {
-        w.copy_from_slice(&((p as u64) * 512 + i as u64 + salt).to_le_bytes());
-    }
-}
-
-fn page_ok(mem: &[u8], p: usize, salt: u64) -> bool {
-    mem[p * PAGE..(p + 1) * PAGE]
-        .chunks_exact(8)
-        .enumerate()
-        .all(|(i, w)| w == ((p as u64) * 512 + i as u64 + salt).to_le_bytes())
-}
+use common::{config, fill_page, filled_region, page_matches, page_matches_at, pager, start, stats_when, PAGE};
+use tierswap::{FaultMode, Hint, Pager, PagerConfig, SwapinPolicy};
 
 /// A region of `n` counter pages with `hint`, every page evicted.
 fn evicted_region(p: &Pager, n: usize, hint: Hint) -> tierswap::Region {
-    let mut r = p.region(n * PAGE, hint).unwrap();
-    let mem = r.as_mut_slice();
-    for pg in 0..n {
-        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 0);
-    }
+    let r = filled_region(p, n, hint, 0);
     p.evict_all();
     assert_eq!(r.page_states(), (0, 0, n), "every page evicted");
     r
@@ -50,14 +19,14 @@ fn evicted_region(p: &Pager, n: usize, hint: Hint) -> tierswap::Region {
 fn read_all_in_order(r: &tierswap::Region, n: usize) {
     let mem = r.as_slice();
     for pg in 0..n {
-        assert!(page_ok(mem, pg, 0), "page {pg}");
+        assert!(page_matches_at(mem, pg, 0), "page {pg}");
     }
 }
 
 #[test]
 fn sequential_refault_earns_large_swapin_without_a_hint() {
     let n = 4096;
-    let p = pager("zero,pool", |_| {});
+    let p = pager(64 << 20, "zero,pool", FaultMode::Thread, 1);
     let r = evicted_region(&p, n, Hint::Normal);
     let before = p.stats().counters;
     read_all_in_order(&r, n);
@@ -73,7 +42,7 @@ fn sequential_refault_earns_large_swapin_without_a_hint() {
 fn order0_policy_and_random_hint_never_go_large() {
     let n = 1024;
     for (policy, hint) in [(SwapinPolicy::Order0, Hint::Sequential), (SwapinPolicy::Locality, Hint::Random)] {
-        let p = pager("zero,pool", |c| c.swapin_policy = policy);
+        let p = start(PagerConfig { swapin_policy: policy, ..config(64 << 20, "zero,pool", FaultMode::Thread, 1) });
         let r = evicted_region(&p, n, hint);
         read_all_in_order(&r, n);
         let c = p.stats().counters;
@@ -85,7 +54,7 @@ fn order0_policy_and_random_hint_never_go_large() {
 #[test]
 fn sequential_hint_goes_large_from_the_first_fault_up_to_the_cap() {
     let n = 2048;
-    let p = pager("zero,pool", |c| c.swapin_max_pages = 128);
+    let p = start(PagerConfig { swapin_max_pages: 128, ..config(64 << 20, "zero,pool", FaultMode::Thread, 1) });
     let r = evicted_region(&p, n, Hint::Sequential);
     read_all_in_order(&r, n);
     let c = p.stats().counters;
@@ -98,34 +67,22 @@ fn sparse_access_gets_no_large_swapin() {
     let n = 4096;
     // Admission alone: stride prefetch would take most of the walk's faults away (tested
     // below).
-    let p = pager("zero,pool", |c| c.stride_prefetch_max_pages = 0);
+    let p = start(PagerConfig { stride_prefetch_max_pages: 0, ..config(64 << 20, "zero,pool", FaultMode::Thread, 1) });
     let r = evicted_region(&p, n, Hint::Normal);
     let mem = r.as_slice();
     // The first page of every 64 KiB block, in order (stride64_sparse)…
     for b in 0..n / 16 {
-        assert!(page_ok(mem, b * 16, 0));
+        assert!(page_matches_at(mem, b * 16, 0));
     }
     // …and one page of each block in a shuffled order (random64_sparse).
     for k in 0..n / 16 {
         let b = (k * 97) % (n / 16);
-        assert!(page_ok(mem, b * 16 + 7, 0));
+        assert!(page_matches_at(mem, b * 16 + 7, 0));
     }
     let c = p.stats().counters;
     assert_eq!(c.swpin_large, 0, "{c:?}");
     assert_eq!(c.zswpin, 2 * (n / 16) as u64, "only the touched pages came in");
     assert!(c.swpin_large_veto >= 2 * (n / 16) as u64 - 2);
-}
-
-/// The pager's stats once `done` holds of them, or after `secs` seconds.
-fn stats_when(p: &Pager, secs: u64, done: impl Fn(&tierswap::Stats) -> bool) -> tierswap::Stats {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    loop {
-        let st = p.stats();
-        if done(&st) || std::time::Instant::now() >= deadline {
-            return st;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
 }
 
 /// The counters once `done` holds of them, or after 2 s.
@@ -138,7 +95,7 @@ fn settled(p: &Pager, done: impl Fn(&tierswap::stats::CounterSnapshot) -> bool) 
 fn stride_walk(p: &Pager, r: &tierswap::Region, n: usize, salt: u64) -> u64 {
     let before = p.stats().counters.faults_swapped;
     for b in 0..n / 16 {
-        assert!(page_ok(r.as_slice(), b * 16, salt), "page {}", b * 16);
+        assert!(page_matches_at(r.as_slice(), b * 16, salt), "page {}", b * 16);
     }
     p.stats().counters.faults_swapped - before
 }
@@ -147,7 +104,7 @@ fn stride_walk(p: &Pager, r: &tierswap::Region, n: usize, salt: u64) -> u64 {
 fn stride_faults_prefetch_the_pages_further_along() {
     let n = 4096;
     let blocks = (n / 16) as u64;
-    let p = pager("zero,pool", |_| {});
+    let p = pager(64 << 20, "zero,pool", FaultMode::Thread, 1);
     let r = evicted_region(&p, n, Hint::Normal);
     let faults = stride_walk(&p, &r, n, 0);
     // The program runs on while its fault thread prefetches: the last pages it read may be
@@ -168,7 +125,7 @@ fn stride_faults_prefetch_the_pages_further_along() {
     let before = p.stats().counters;
     for k in 0..n / 16 {
         let b = (k * 97) % (n / 16);
-        assert!(page_ok(r.as_slice(), b * 16 + 5, 0));
+        assert!(page_matches_at(r.as_slice(), b * 16 + 5, 0));
     }
     let c = p.stats().counters;
     assert_eq!(c.swap_prefetch, before.swap_prefetch, "{c:?}");
@@ -180,10 +137,8 @@ fn prefetched_pages_take_writes_and_come_back_from_the_file() {
     // Pages on the file tier, a stride walk that prefetches them, writes to prefetched
     // pages (clean pages give up their slot on the write), eviction, and every byte back.
     let n = 4096;
-    let p = pager("zero,pool,file", |c| {
-        c.budget_bytes = 8 << 20;
-        c.pool_max_bytes = Some(1 << 20);
-    });
+    let p =
+        start(PagerConfig { pool_max_bytes: Some(1 << 20), ..config(8 << 20, "zero,pool,file", FaultMode::Thread, 1) });
     let mut r = evicted_region(&p, n, Hint::Normal);
     let st = stats_when(&p, 30, |st| st.file_pages >= (n / 2) as u64);
     assert!(st.file_pages >= (n / 2) as u64, "most pages on the file: {st:?}");
@@ -200,7 +155,7 @@ fn prefetched_pages_take_writes_and_come_back_from_the_file() {
     p.evict_all();
     for pg in 0..n {
         let salt = if pg % 16 == 0 && (pg / 16) % 3 == 0 { 9 } else { 0 };
-        assert!(page_ok(r.as_slice(), pg, salt), "page {pg}");
+        assert!(page_matches_at(r.as_slice(), pg, salt), "page {pg}");
     }
 }
 
@@ -208,10 +163,7 @@ fn prefetched_pages_take_writes_and_come_back_from_the_file() {
 fn stride_prefetch_off_or_in_signal_mode_prefetches_nothing() {
     let n = 1024;
     for (max, mode) in [(0, tierswap::FaultMode::Thread), (32, tierswap::FaultMode::Signal)] {
-        let p = pager("zero,pool", |c| {
-            c.stride_prefetch_max_pages = max;
-            c.fault_mode = mode;
-        });
+        let p = start(PagerConfig { stride_prefetch_max_pages: max, ..config(64 << 20, "zero,pool", mode, 1) });
         let r = evicted_region(&p, n, Hint::Normal);
         let faults = stride_walk(&p, &r, n, 0);
         let c = p.stats().counters;
@@ -228,10 +180,10 @@ fn mixed_ranges_are_served_across_backends() {
     let n = 4096;
     // lz4: its ~2:1 on these pages overflows the 4 MiB pool for sure (zstd's ~4:1 fits
     // them, and whether any reach the file is then up to timing).
-    let p = pager("zero,pool,file", |c| {
-        c.budget_bytes = 16 << 20;
-        c.pool_max_bytes = Some(4 << 20);
-        c.compressor = tierswap::Compressor::Lz4;
+    let p = start(PagerConfig {
+        pool_max_bytes: Some(4 << 20),
+        compressor: tierswap::Compressor::Lz4,
+        ..config(16 << 20, "zero,pool,file", FaultMode::Thread, 1)
     });
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     let mem = r.as_mut_slice();
@@ -262,8 +214,8 @@ fn mixed_ranges_are_served_across_backends() {
         let ok = match pg % 16 {
             0..=2 => b.iter().all(|&x| x == 0),
             3..=4 => b.iter().all(|&x| x == (pg % 251) as u8 + 1),
-            11.. => page_ok(mem, pg, 5),
-            _ => page_ok(mem, pg, 0),
+            11.. => page_matches_at(mem, pg, 5),
+            _ => page_matches_at(mem, pg, 0),
         };
         assert!(ok, "page {pg}");
     }
@@ -293,10 +245,10 @@ fn first_touch_in_order_maps_the_next_pages_in_the_same_fault() {
     use tierswap::FaultMode::{Signal, Thread};
     for (mode, on, max) in [(Thread, true, 64), (Signal, true, 64), (Thread, false, 64), (Thread, true, 16)] {
         let n = 1024;
-        let p = pager("zero,pool", |c| {
-            c.fault_around = on;
-            c.fault_mode = mode;
-            c.fault_around_max_pages = max;
+        let p = start(PagerConfig {
+            fault_around: on,
+            fault_around_max_pages: max,
+            ..config(64 << 20, "zero,pool", mode, 1)
         });
         // Written in order: the first fault is alone, the next maps 16 pages, and each one
         // after twice as many as the last, up to `max` (the 64 MiB budget allows 256).
@@ -309,7 +261,7 @@ fn first_touch_in_order_maps_the_next_pages_in_the_same_fault() {
         let want_faults = first_touch_faults(n, on, max as usize);
         assert_eq!(c.faults_first_touch, want_faults as u64, "{mode:?} on {on}: {c:?}");
         assert_eq!(c.faults_first_touch + c.fault_around_pages, n as u64, "every page mapped once: {c:?}");
-        assert!((0..n).all(|pg| page_ok(r.as_slice(), pg, 7)), "{mode:?}: written bytes");
+        assert!((0..n).all(|pg| page_matches_at(r.as_slice(), pg, 7)), "{mode:?}: written bytes");
         // Read in order first: the zero page, then written over (the kernel's copy on
         // write; no fault of ours).
         let before = p.stats().counters;
@@ -322,7 +274,7 @@ fn first_touch_in_order_maps_the_next_pages_in_the_same_fault() {
             fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 9);
         }
         assert_eq!(p.stats().counters.faults, c.faults, "writes over zero pages take no fault of ours");
-        assert!((0..n).all(|pg| page_ok(z.as_slice(), pg, 9)), "{mode:?}: bytes written over zero pages");
+        assert!((0..n).all(|pg| page_matches_at(z.as_slice(), pg, 9)), "{mode:?}: bytes written over zero pages");
         // One page per 64 KiB: no run, no fault-around.
         let before = p.stats().counters;
         let mut sparse = p.region(n * PAGE, Hint::Normal).unwrap();
@@ -333,11 +285,11 @@ fn first_touch_in_order_maps_the_next_pages_in_the_same_fault() {
         let c = p.stats().counters;
         assert_eq!(c.faults_first_touch - before.faults_first_touch, (n / 16) as u64, "{c:?}");
         assert_eq!(c.fault_around_pages, before.fault_around_pages, "{c:?}");
-        assert!((0..n).step_by(16).all(|pg| page_ok(sparse.as_slice(), pg, 11)));
+        assert!((0..n).step_by(16).all(|pg| page_matches_at(sparse.as_slice(), pg, 11)));
         // Evicted and read back: every byte.
         p.evict_all();
-        assert!((0..n).all(|pg| page_ok(r.as_slice(), pg, 7)), "{mode:?}: after eviction");
-        assert!((0..n).all(|pg| page_ok(z.as_slice(), pg, 9)), "{mode:?}: after eviction");
+        assert!((0..n).all(|pg| page_matches_at(r.as_slice(), pg, 7)), "{mode:?}: after eviction");
+        assert!((0..n).all(|pg| page_matches_at(z.as_slice(), pg, 9)), "{mode:?}: after eviction");
     }
 }
 
@@ -345,7 +297,7 @@ fn first_touch_in_order_maps_the_next_pages_in_the_same_fault() {
 fn fault_around_maps_staged_neighbours_and_can_be_switched_off() {
     for on in [true, false] {
         let n = 1024;
-        let p = pager("zero,pool", |c| c.fault_around = on);
+        let p = start(PagerConfig { fault_around: on, ..config(64 << 20, "zero,pool", FaultMode::Thread, 1) });
         let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
         let mem = r.as_mut_slice();
         for pg in 0..n {
@@ -357,7 +309,7 @@ fn fault_around_maps_staged_neighbours_and_can_be_switched_off() {
         assert_eq!(staged, n, "every page staged");
         let mem = r.as_slice();
         for pg in 0..n {
-            assert!(page_ok(mem, pg, 3), "page {pg}");
+            assert!(page_matches_at(mem, pg, 3), "page {pg}");
         }
         let c = p.stats().counters;
         if on {
@@ -373,7 +325,10 @@ fn fault_around_maps_staged_neighbours_and_can_be_switched_off() {
 #[test]
 fn a_quick_refault_is_working_set_and_activated() {
     let n = 512;
-    let p = pager("zero,pool", |c| c.swapin_policy = SwapinPolicy::Order0);
+    let p = start(PagerConfig {
+        swapin_policy: SwapinPolicy::Order0,
+        ..config(64 << 20, "zero,pool", FaultMode::Thread, 1)
+    });
     let r = evicted_region(&p, n, Hint::Normal);
     read_all_in_order(&r, n);
     let c = p.stats().counters;
@@ -381,9 +336,10 @@ fn a_quick_refault_is_working_set_and_activated() {
     assert_eq!(c.workingset_refault, n as u64);
     assert_eq!(c.workingset_activate, n as u64);
 
-    let p = pager("zero,pool", |c| {
-        c.swapin_policy = SwapinPolicy::Order0;
-        c.workingset = false;
+    let p = start(PagerConfig {
+        swapin_policy: SwapinPolicy::Order0,
+        workingset: false,
+        ..config(64 << 20, "zero,pool", FaultMode::Thread, 1)
     });
     let r = evicted_region(&p, n, Hint::Normal);
     read_all_in_order(&r, n);
@@ -394,9 +350,9 @@ fn a_quick_refault_is_working_set_and_activated() {
 fn a_long_refault_distance_is_not_working_set() {
     // 8 MiB budget = 2048 pages; the first pages are refaulted after 8192 more evictions.
     let n = 8192;
-    let p = pager("zero,pool", |c| {
-        c.budget_bytes = 8 << 20;
-        c.swapin_policy = SwapinPolicy::Order0;
+    let p = start(PagerConfig {
+        swapin_policy: SwapinPolicy::Order0,
+        ..config(8 << 20, "zero,pool", FaultMode::Thread, 1)
     });
     let mut r = p.region(2 * n * PAGE, Hint::Normal).unwrap();
     let mem = r.as_mut_slice();
@@ -413,7 +369,7 @@ fn a_long_refault_distance_is_not_working_set() {
     let before = p.stats().counters;
     let mem = r.as_slice();
     for pg in 0..64 {
-        assert!(page_ok(mem, pg, 0));
+        assert!(page_matches_at(mem, pg, 0));
     }
     let c = p.stats().counters;
     assert!(c.workingset_refault - before.workingset_refault >= 64);
@@ -428,7 +384,7 @@ fn a_long_refault_distance_is_not_working_set() {
 #[test]
 fn clean_pages_are_evicted_again_without_compression_and_writes_are_never_lost() {
     let n = 2048;
-    let p = pager("zero,pool,file", |c| c.budget_bytes = 64 << 20);
+    let p = pager(64 << 20, "zero,pool,file", FaultMode::Thread, 1);
     let r = evicted_region(&p, n, Hint::Normal);
     let first = p.stats().counters;
     assert_eq!(first.zswpout, n as u64);
@@ -463,7 +419,7 @@ fn clean_pages_are_evicted_again_without_compression_and_writes_are_never_lost()
     let mem = r.as_slice();
     for pg in 0..n {
         let salt = if pg % 3 == 0 { 99 } else { 0 };
-        assert!(page_ok(mem, pg, salt), "page {pg} has its latest bytes");
+        assert!(page_matches_at(mem, pg, salt), "page {pg} has its latest bytes");
     }
     drop(r);
     assert_eq!(p.stats().swap_slots, 0, "kept slots are freed with the region");
@@ -472,7 +428,7 @@ fn clean_pages_are_evicted_again_without_compression_and_writes_are_never_lost()
 #[test]
 fn clean_tracking_can_be_switched_off() {
     let n = 512;
-    let p = pager("zero,pool", |c| c.keep_clean = false);
+    let p = start(PagerConfig { keep_clean: false, ..config(64 << 20, "zero,pool", FaultMode::Thread, 1) });
     let r = evicted_region(&p, n, Hint::Normal);
     read_all_in_order(&r, n);
     assert_eq!(p.evict_all(), n);
@@ -484,7 +440,7 @@ fn clean_tracking_can_be_switched_off() {
 #[test]
 fn threads_writing_and_reading_clean_and_large_pages_lose_nothing() {
     let n = 4096;
-    let p = std::sync::Arc::new(pager("zero,pool,file", |c| c.budget_bytes = 8 << 20));
+    let p = std::sync::Arc::new(pager(8 << 20, "zero,pool,file", FaultMode::Thread, 1));
     let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
     let mem = r.as_mut_slice();
     for pg in 0..n {
@@ -502,11 +458,7 @@ fn threads_writing_and_reading_clean_and_large_pages_lose_nothing() {
                         // SAFETY: only thread t touches these pages; the region outlives
                         // the threads (joined below).
                         let page = unsafe { std::slice::from_raw_parts_mut((base + pg * PAGE) as *mut u8, PAGE) };
-                        let ok = page
-                            .chunks_exact(8)
-                            .enumerate()
-                            .all(|(i, w)| w == ((pg as u64) * 512 + i as u64 + salt).to_le_bytes());
-                        assert!(ok, "thread {t} pass {pass} page {pg}");
+                        assert!(page_matches(page, pg, salt), "thread {t} pass {pass} page {pg}");
                         if pass % 2 == 1 {
                             fill_page(page, pg, pass);
                         }
@@ -528,7 +480,7 @@ fn threads_writing_and_reading_clean_and_large_pages_lose_nothing() {
 #[test]
 fn a_write_into_a_large_zero_range_lands_and_the_rest_stays_zero() {
     let n = 64;
-    let p = pager("zero,pool", |_| {});
+    let p = pager(64 << 20, "zero,pool", FaultMode::Thread, 1);
     let mut r = p.region(n * PAGE, Hint::Sequential).unwrap();
     r.as_mut_slice().fill(0);
     p.evict_all();
@@ -552,10 +504,11 @@ fn a_write_into_a_large_zero_range_lands_and_the_rest_stays_zero() {
 fn pages_read_back_from_the_file_twice_go_to_the_pool_with_reread_to_pool() {
     let n = 512;
     for reread in [false, true] {
-        let p = pager("zero,pool,file", |c| {
-            c.pool_max_bytes = Some(256 << 10);
-            c.compressor = tierswap::Compressor::Lz4;
-            c.reread_to_pool = reread;
+        let p = start(PagerConfig {
+            pool_max_bytes: Some(256 << 10),
+            compressor: tierswap::Compressor::Lz4,
+            reread_to_pool: reread,
+            ..config(64 << 20, "zero,pool,file", FaultMode::Thread, 1)
         });
         let r = evicted_region(&p, n, Hint::Normal);
         let st = stats_when(&p, 30, |st| st.file_pages >= n as u64);

@@ -1,20 +1,17 @@
 //! The userfaultfd wrappers against the real kernel: each call does what its name says, and
 //! each errno comes back as the variant that names the situation.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use common::{serial, PAGE};
 use tierswap::uffd::{features, Error, Event, RegisterMode, Uffd};
 
-const PAGE: usize = 4096;
-
-/// A fork shares every page of the process with the child until it exits, and the kernel
-/// refuses to move a shared page (EBUSY): the forking test and the moving test take turns.
-static FORK_OR_MOVE: Mutex<()> = Mutex::new(());
-
-fn fork_or_move() -> MutexGuard<'static, ()> {
-    FORK_OR_MOVE.lock().unwrap_or_else(|e| e.into_inner())
-}
+// The forking test and the moving test take `serial()` in turns: a fork shares every page of
+// the process with the child until it exits, and the kernel refuses to move a shared page
+// (EBUSY).
 
 fn map(len: usize) -> usize {
     // SAFETY: a fresh private anonymous mapping.
@@ -87,7 +84,7 @@ fn copy_serves_a_fault_byte_for_byte() {
 
 #[test]
 fn zeropage_move_and_holes() {
-    let _turn = fork_or_move();
+    let _turn = serial();
     let u = uffd();
     let n = 16;
     let src = map(n * PAGE);
@@ -131,7 +128,7 @@ fn zeropage_move_and_holes() {
 
 #[test]
 fn poison_gives_sigbus_to_the_toucher_only() {
-    let _turn = fork_or_move();
+    let _turn = serial();
     let u = uffd();
     let base = map(2 * PAGE);
     u.register(base, 2 * PAGE, RegisterMode { missing: true, ..Default::default() }).unwrap();
