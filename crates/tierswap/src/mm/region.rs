@@ -1,35 +1,18 @@
-//! Regions: one managed range and its mirror ([`RegionInner`]), the map from addresses to
-//! regions ([`RegionMap`]), and making a region: mapping, registering, entering the map.
+//! Regions: one managed range and its mirror ([`RegionInner`]) and the map from addresses
+//! to regions ([`RegionMap`]).
 //!
-//! Owns: regions and their map. Calls: the page table, the policies' per-region state,
-//! `uffd` (registration), `sys` (mappings).
+//! Owns: regions and their map. Calls: the page table, the policies' per-region state.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
 
-use super::error::{io_err, Error, Result};
 use super::Shared;
 use crate::config::Hint;
-use crate::forkgate::Busy;
-use crate::page::{pages_for, pages_to_bytes, PAGE_SIZE};
+use crate::page::{pages_to_bytes, PAGE_SIZE};
 use crate::pagetable::PageTable;
 use crate::policy::admission::Locality;
 use crate::policy::readahead::Readahead;
-use crate::sys;
-use crate::uffd::RegisterMode;
-
-/// Largest region: 64 TiB.
-const MAX_REGION_BYTES: usize = 64 << 40;
-
-/// How long a new mapping waits for the event of the mapping the kernel had at its address
-/// before (`Shared::claim_range`); fault threads read events between faults, so this is
-/// reached only when none can read for that long.
-const STALE_EXTENT_PATIENCE: Duration = Duration::from_secs(60);
-
-/// What `Shared::claim_range` holds: a busy section (forkgate.rs) and the event lock.
-type Claim<'a> = (Busy, std::sync::MutexGuard<'a, ()>);
 
 /// One managed range and its mirror.
 pub(crate) struct RegionInner {
@@ -214,154 +197,4 @@ impl RegionMap {
     }
 }
 
-impl Shared {
-    /// Maps a program range and its mirror, registers both and enters the region in the map.
-    pub(crate) fn map_region(&self, len_bytes: usize, hint: Hint, detached: bool) -> Result<Arc<RegionInner>> {
-        if len_bytes == 0 || len_bytes > MAX_REGION_BYTES {
-            return Err(Error::RegionSize { len_bytes });
-        }
-        let n_pages = pages_for(len_bytes);
-        let len = pages_to_bytes(n_pages);
-        let start = sys::mmap_reserve(len).map_err(io_err(format!("cannot map a region of {len} bytes")))?;
-        let undo = |e: Error| {
-            // SAFETY: the mapping is ours and unused.
-            unsafe {
-                let _ = sys::munmap(start, len);
-            }
-            e
-        };
-        // SAFETY: our fresh mapping; NOHUGEPAGE keeps it at 4 KiB pages (MOVE of a huge
-        // page would split it anyway).
-        let _ = unsafe { sys::madvise(start, len, libc::MADV_NOHUGEPAGE) };
-        // Write-protect faults let pages come back clean (keeping their slot); a kernel
-        // that refuses WP on this memory still gets everything else.
-        let mut mode = RegisterMode { missing: true, wp: self.config.keep_clean, minor: false };
-        if mode.wp && self.uffd.register(start, len, mode).is_err() {
-            mode.wp = false;
-        }
-        if !mode.wp {
-            self.uffd.register(start, len, mode).map_err(|e| undo(e.into()))?;
-        }
-        let r = self.new_region_at(start, n_pages, hint, mode, detached).map_err(|e| {
-            let _ = self.uffd.unregister(start, len);
-            undo(e)
-        })?;
-        let (_busy, _ev) = match self.claim_range(start, start + len, STALE_EXTENT_PATIENCE) {
-            Ok(held) => held,
-            Err(held) => {
-                // No event came for the old mapping in all that time, yet the kernel gave
-                // its address to us: it is gone. Let go of it as its UNMAP would.
-                eprintln!(
-                    "tierswap: the pager still had {:#x}+{len} from a mapping that is gone and no event came for it in {} s; dropping it (a late event could still cut the new mapping there)",
-                    start,
-                    STALE_EXTENT_PATIENCE.as_secs()
-                );
-                crate::mm::teardown::forget(self, start, start + len);
-                held
-            }
-        };
-        self.enter_region(r.clone());
-        Ok(r)
-    }
-
-    /// Enters region `r` in the map (the caller made sure nothing overlaps it).
-    pub(crate) fn enter_region(&self, r: Arc<RegionInner>) {
-        self.trail.mark(crate::trail::What::Enter, r.start, r.start + r.len_bytes(), 0, r.id);
-        self.regions.map.write().unwrap_or_else(|e| e.into_inner()).insert(r);
-    }
-
-    /// Takes the event lock with no extent of the map overlapping `[start, end)`, for the
-    /// caller to enter a region there; with a busy section (forkgate.rs), as the insert
-    /// allocates under the lock. `Err` carries the same locks with the overlap still there
-    /// after `patience`.
-    ///
-    /// The kernel hands out an address only once nothing is mapped there, but it queues the
-    /// UNMAP or REMAP event of the mapping that was there only after letting go of it, and
-    /// the program's munmap / mremap returns once a fault thread has *read* that event. So
-    /// another thread can map the address again while the old region still holds it in our
-    /// map: the event not read yet, or read and still being handled. Entering the new region
-    /// then would let the old event cut it, and an mremap's swapped pages would follow the
-    /// new, empty region (they read as zeros). An overlap here is such an event on its way:
-    /// wait for it, holding nothing a fault thread needs.
-    pub(crate) fn claim_range(
-        &self,
-        start: usize,
-        end: usize,
-        patience: Duration,
-    ) -> std::result::Result<Claim<'_>, Claim<'_>> {
-        let t0 = Instant::now();
-        loop {
-            let busy = crate::forkgate::enter();
-            let ev = self.gates.event_lock.lock().unwrap_or_else(|e| e.into_inner());
-            let stale = !self.regions.map.read().unwrap_or_else(|e| e.into_inner()).overlapping(start, end).is_empty()
-                || self.regions.remapped_from.pending(start, end, Instant::now());
-            if !stale {
-                return Ok((busy, ev));
-            }
-            if t0.elapsed() >= patience {
-                return Err((busy, ev));
-            }
-            drop(ev);
-            drop(busy);
-            self.counters.stale_extent_waits.fetch_add(1, Ordering::Relaxed);
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-
-    /// A region over the program range at `start` (mapped and registered already), with a
-    /// fresh mirror registered in the same `mode`. Not entered in the map.
-    pub(crate) fn new_region_at(
-        &self,
-        start: usize,
-        n_pages: usize,
-        hint: Hint,
-        mode: RegisterMode,
-        detached: bool,
-    ) -> Result<Arc<RegionInner>> {
-        let len = pages_to_bytes(n_pages);
-        let mirror = sys::mmap_reserve(len).map_err(io_err("cannot map the region's staging mirror"))?;
-        let undo = |e: Error| {
-            // SAFETY: the mirror is ours and unused.
-            unsafe {
-                let _ = sys::munmap(mirror, len);
-            }
-            e
-        };
-        // SAFETY: our fresh mapping: 4 KiB pages, and out of core dumps.
-        unsafe {
-            let _ = sys::madvise(mirror, len, libc::MADV_NOHUGEPAGE);
-            let _ = sys::madvise(mirror, len, libc::MADV_DONTDUMP);
-            // A forked child gets its staged pages copied at the fork event instead:
-            // shared mirror pages would make every UFFDIO_MOVE of them fail (EBUSY).
-            let _ = sys::madvise(mirror, len, libc::MADV_DONTFORK);
-        }
-        // The same mode as the program's range: UFFDIO_MOVE wants equal protections.
-        self.mirror_uffd.register(mirror, len, mode).map_err(|e| undo(e.into()))?;
-        let ptes = PageTable::new(n_pages).map_err(|e| {
-            let _ = self.mirror_uffd.unregister(mirror, len);
-            undo(io_err("cannot reserve the region's page table")(e))
-        })?;
-        Ok(Arc::new(RegionInner {
-            id: self.regions.next_id.fetch_add(1, Ordering::Relaxed),
-            start,
-            mirror,
-            n_pages,
-            hint,
-            ptes,
-            clock_block: AtomicUsize::new(0),
-            dead: AtomicBool::new(false),
-            reclaim_lock: RwLock::new(()),
-            ra: Readahead::default(),
-            locality: Locality::default(),
-            stride: Mutex::new(crate::policy::stride::Stride::default()),
-            first_touch_next: AtomicUsize::new(usize::MAX),
-            first_touch_window: AtomicUsize::new(0),
-            clean_tracking: mode.wp,
-            detached,
-            extents: AtomicUsize::new(0),
-            gone: AtomicBool::new(false),
-            leaving: AtomicU32::new(0),
-            marked_in: AtomicU64::new(0),
-        }))
-    }
-}
+impl Shared {}
