@@ -1,25 +1,42 @@
 //! tierswap: a userspace swap stack for application memory, on userfaultfd.
 //!
-//! A [`Pager`] hands out [`Region`]s: ordinary anonymous memory that tierswap keeps
-//! under a memory budget by moving cold pages to tiers (zero / same-filled, a compressed
-//! in-memory pool, a disk file whose records are encrypted and authenticated) and bringing them back on the next touch.
+//! A [`Pager`] hands out [`Region`]s: ordinary anonymous memory that tierswap keeps under a
+//! memory budget by moving cold pages to tiers (zero / same-filled, a compressed in-memory
+//! pool, a disk file whose records are encrypted and authenticated, a Redis/Valkey cluster)
+//! and bringing them back on the next touch.
 //!
-//! Layers, top to bottom (each knows only the one below it):
-//! - [`pager`]: regions, the fault threads ([`fault`]) and the reclaim thread ([`reclaim`]);
-//!   the program's own madvise / munmap / mremap of managed memory in [`events`];
-//! - [`pagetable`]: one [`pagetable::Pte`] word per 4 KiB page of a region;
-//! - [`swap`]: the virtual swap space: slots in clusters of 512, one
-//!   [`swap::SwapEntry`] word per slot saying which backend holds the bytes;
-//! - [`backend`]: zero / same-filled (no storage), the compressed pool, the file;
-//! - [`policy`]: pure decisions over the state above (aging, admission), no syscalls;
-//! - [`uffd`]: the userfaultfd calls, safe wrappers, no decisions.
+//! The engine is built in layers; a module imports only modules of the layers below it
+//! (and, within a layer, only the few edges tests/layers.rs lists):
+//!
+//! ```text
+//!  L5  `pager` (Pager, Region, the threads)   `control` (tierswap stat)   `sigbus` (signal mode)
+//!        │
+//!  L4  `fault` (thread loop, swap-in, staged, first touch, write-protect, readahead,
+//!        │      prefetch, signal mode)  ──calls──▶  `reclaim` (staging, eviction, direct
+//!        │      reclaim, waiting for room), `events` (madvise / munmap / mremap / fork)
+//!        │     `writeback` (pool → file / remote, drain)
+//!        │
+//!  L3  `mm`: the memory manager's state (Shared in named parts), regions and their map,
+//!        │    slot release, reading an entry back, teardown, the children's state
+//!        │
+//!  L2  `policy`: pure decisions (admission, readahead, stride, pool share), no syscalls
+//!        │
+//!  L1  `pagetable` (a Pte word per page)   `swap` (the virtual swap space: slots, entries)
+//!        │   `backend` (zero / same-filled, pool, file, remote)
+//!        │
+//!  L0  `page` `sys` `uffd` `stats` `inject` `trail` `config` `forkgate` `sync`
+//! ```
+//!
+//! docs/design.md describes each layer, the data structures with their bit layouts, the
+//! lock order, and the fault and reclaim paths step by step.
 #![deny(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod backend;
 pub mod config;
 pub mod control;
-pub mod events;
-pub mod fault;
+pub(crate) mod events;
+pub(crate) mod fault;
 pub(crate) mod forkgate;
 pub mod inject;
 pub(crate) mod mm;
@@ -27,15 +44,15 @@ pub mod page;
 pub mod pager;
 pub mod pagetable;
 pub mod policy;
-pub mod reclaim;
+pub(crate) mod reclaim;
 pub mod sigbus;
 pub mod stats;
 pub mod swap;
-mod sync;
+pub(crate) mod sync;
 pub mod sys;
-mod trail;
+pub(crate) mod trail;
 pub mod uffd;
-pub mod writeback;
+pub(crate) mod writeback;
 
 pub use config::{
     parse_size, parse_tiers, Compressor, FaultMode, Hint, PagerConfig, RemoteConfig, SwapinPolicy, Tiers,

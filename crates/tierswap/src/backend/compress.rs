@@ -1,5 +1,5 @@
-//! Page compression for the pool and the file tier: LZ4 (default) or zstd, into a caller's
-//! buffer, no allocation on the paths that run per page.
+//! Page compression for the pool and the file tier: zstd (its fast level 1 by default) or
+//! LZ4, into a caller's buffer, no allocation on the paths that run per page.
 
 use std::cell::RefCell;
 
@@ -104,6 +104,38 @@ pub fn decompress(c: Compressor, src: &[u8], dst: &mut [u8]) -> Result<(), Codec
         return Err(CodecError::Length { got, want });
     }
     Ok(())
+}
+
+/// A decompressor made up front, for a reader that must not allocate when it reads: a
+/// fault served in the faulting thread's SIGBUS handler runs in the program's thread, where
+/// a zstd context made on first use (as [`decompress`] makes one per thread) would be
+/// allocated from the program's heap, which may be managed memory being faulted on.
+pub struct Decompressor {
+    zstd: zstd::bulk::Decompressor<'static>,
+}
+
+impl Decompressor {
+    /// A decompressor with its zstd context.
+    pub fn new() -> std::io::Result<Decompressor> {
+        Ok(Decompressor { zstd: zstd::bulk::Decompressor::new()? })
+    }
+
+    /// As [`decompress`], with this decompressor's own context.
+    pub fn decompress(&mut self, c: Compressor, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
+        let want = dst.len();
+        let got = match c {
+            Compressor::Lz4 => {
+                lz4_flex::block::decompress_into(src, dst).map_err(|e| CodecError::Corrupt(e.to_string()))?
+            }
+            Compressor::Zstd { .. } => {
+                self.zstd.decompress_to_buffer(src, dst).map_err(|e| CodecError::Corrupt(e.to_string()))?
+            }
+        };
+        if got != want {
+            return Err(CodecError::Length { got, want });
+        }
+        Ok(())
+    }
 }
 
 /// Compressed size of a page, for reports: `None` if incompressible.

@@ -176,7 +176,7 @@ impl Child {
         }
         s.counters.fork_copied_pages.fetch_add(1, Ordering::Relaxed);
         let buf = scratch.page.as_mut_slice();
-        let res = read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed, &scratch.remote);
+        let res = read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.read);
         s.tiers.swap.unlock(slot, e, e);
         match res {
             Ok(true) => Some(self.add_copy(&scratch.page.as_slice()[..PAGE_SIZE])),
@@ -367,7 +367,7 @@ fn install(s: &Shared, child: &mut Child, addr: usize, write: bool, scratch: &mu
         Some(Src::Slot(slot)) => {
             let e = s.tiers.swap.lock(slot);
             let buf = scratch.page.as_mut_slice();
-            let read = read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.compressed, &scratch.remote);
+            let read = read_entry(s, slot, e, buf, &mut scratch.unit, &mut scratch.read);
             s.tiers.swap.unlock(slot, e, e);
             match read {
                 Ok(true) => child.uffd.copy(page_addr, &scratch.page.as_slice()[..PAGE_SIZE], false, false),

@@ -6,9 +6,8 @@
 use std::sync::atomic::Ordering;
 
 use crate::backend::file::{AlignedBuf, UnitCache};
-use crate::backend::remote::RemotePrefetch;
 use crate::mm::slots::{free_backend, release_entry};
-use crate::mm::swap_io::read_entry;
+use crate::mm::swap_io::{read_entry, ReadIo};
 use crate::mm::{RegionInner, Shared};
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
 use crate::pagetable::{Pte, PteState};
@@ -45,7 +44,7 @@ pub(super) fn prefetch_stride(s: &Shared, r: &RegionInner, idx: usize, scratch: 
             break;
         }
         let j = p.first + k * p.step;
-        prefetch_page(s, r, j, unit, &mut scratch.io.page, &mut scratch.io.compressed, &scratch.io.remote);
+        prefetch_page(s, r, j, unit, &mut scratch.io.page, &mut scratch.io.read);
     }
     if s.footprint_bytes() > s.high_watermark() {
         s.kick_reclaim();
@@ -56,15 +55,7 @@ pub(super) fn prefetch_stride(s: &Shared, r: &RegionInner, idx: usize, scratch: 
 /// Brings swapped page `j` of `r` into place if it is free to take (pte and entry unlocked,
 /// not shared with a forked child, not remote): a prefetch never waits, and a page it skips
 /// comes in on its own fault as usual. An unreadable page is left for its fault to report.
-fn prefetch_page(
-    s: &Shared,
-    r: &RegionInner,
-    j: usize,
-    unit: &mut UnitCache,
-    page: &mut AlignedBuf,
-    compressed: &mut [u8],
-    remote: &RemotePrefetch,
-) {
+fn prefetch_page(s: &Shared, r: &RegionInner, j: usize, unit: &mut UnitCache, page: &mut AlignedBuf, io: &mut ReadIo) {
     let Some(pte) = r.ptes.try_lock_in(j, PteState::Swapped) else {
         return;
     };
@@ -80,7 +71,7 @@ fn prefetch_page(
         }
     };
     let addr = r.page_addr(j);
-    let data = match read_entry(s, slot, e, page.as_mut_slice(), unit, compressed, remote) {
+    let data = match read_entry(s, slot, e, page.as_mut_slice(), unit, io) {
         Ok(data) => data,
         Err(_) => {
             s.tiers.swap.unlock(slot, e, e);
@@ -150,18 +141,7 @@ pub(super) fn read_ahead(s: &Shared, r: &RegionInner, from: usize, to: usize, sc
         };
         let ok = e.tag() == Tag::File
             && e.count() == 1
-            && matches!(
-                read_entry(
-                    s,
-                    slot,
-                    e,
-                    scratch.io.page.as_mut_slice(),
-                    unit,
-                    &mut scratch.io.compressed,
-                    &scratch.io.remote
-                ),
-                Ok(true)
-            )
+            && matches!(read_entry(s, slot, e, scratch.io.page.as_mut_slice(), unit, &mut scratch.io.read), Ok(true))
             && s.mirror_uffd.copy(r.mirror_addr(j), &scratch.io.page.as_slice()[..PAGE_SIZE], true, false).is_ok();
         if !ok {
             // A failed read here is left for the page's own fault, which reports it.

@@ -109,7 +109,7 @@ pub(super) fn swap_in(
     let pool_roomy = pool_roomy(s);
     // Remote pages of the range come in one round trip per node, fetched before any entry
     // is locked; each is opened against its locked entry (slot and version) when read below.
-    scratch.io.remote.clear();
+    scratch.io.read.remote.clear();
     if let Some(remote) = s.tiers.remote.as_ref() {
         let mut wants = [(0u64, 0usize); crate::config::MAX_SWAPIN_PAGES as usize];
         let mut w = 0;
@@ -125,7 +125,7 @@ pub(super) fn swap_in(
             }
         }
         if w > 1 {
-            remote.prefetch(&wants[..w], &mut scratch.io.remote, &s.counters);
+            remote.prefetch(&wants[..w], &mut scratch.io.read.remote, &s.counters);
         }
     }
     for j in first..end {
@@ -143,7 +143,7 @@ pub(super) fn swap_in(
             let e = match s.tiers.swap.try_lock(slot) {
                 // A remote neighbour comes only from the range's prefetch: it never waits
                 // for a round trip (or retries) of its own.
-                Some(e) if e.tag() == Tag::Remote && !scratch.io.remote.holds(e.addr_len().0) => {
+                Some(e) if e.tag() == Tag::Remote && !scratch.io.read.remote.holds(e.addr_len().0) => {
                     s.tiers.swap.unlock(slot, e, e);
                     r.ptes.unlock(j, p, p);
                     continue;
@@ -195,7 +195,7 @@ pub(super) fn swap_in(
         let j = first + k;
         let slot = pte.payload();
         let buf = &mut scratch.range.as_mut_slice()[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
-        let kind = match read_entry(s, slot, e, buf, unit, &mut scratch.io.compressed, &scratch.io.remote) {
+        let kind = match read_entry(s, slot, e, buf, unit, &mut scratch.io.read) {
             Ok(true) => Kind::Data,
             Ok(false) => Kind::Zero,
             Err(fail) if j == idx && !s.is_leaving(r) => {

@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 
 use super::Shared;
-use crate::backend::compress::decompress;
+use crate::backend::compress::Decompressor;
 use crate::backend::file::{AlignedBuf, Served, UnitCache};
 use crate::backend::pool::PoolHandle;
 use crate::backend::remote::RemotePrefetch;
@@ -20,10 +20,18 @@ use crate::swap::{SwapEntry, Tag};
 pub(crate) struct IoBufs {
     /// One page being assembled for UFFDIO_COPY.
     pub(crate) page: AlignedBuf,
-    /// Compressed bytes read from the file or the remote.
-    pub(crate) compressed: Vec<u8>,
     /// The last file bytes read (pages evicted together come back together).
     pub(crate) unit: UnitCache,
+    /// What [`read_entry`] needs besides the page and the unit copy.
+    pub(crate) read: ReadIo,
+}
+
+/// A reader's compressed-bytes buffer, decompressor and remote prefetch.
+pub(crate) struct ReadIo {
+    /// Compressed bytes read from the file or the remote.
+    pub(crate) compressed: Vec<u8>,
+    /// Its own decompression context, made here (see [`Decompressor`]).
+    pub(crate) dec: Decompressor,
     /// Remote objects of a swap-in range, fetched in one round trip per node.
     pub(crate) remote: RemotePrefetch,
 }
@@ -33,12 +41,16 @@ impl IoBufs {
     pub(crate) fn new(unit_bytes: usize, remote_pages: usize) -> std::io::Result<IoBufs> {
         Ok(IoBufs {
             page: AlignedBuf::new(PAGE_SIZE)?,
-            compressed: vec![0u8; PAGE_SIZE],
             unit: UnitCache::new(unit_bytes)?,
-            remote: RemotePrefetch::new(remote_pages),
+            read: ReadIo {
+                compressed: vec![0u8; PAGE_SIZE],
+                dec: Decompressor::new()?,
+                remote: RemotePrefetch::new(remote_pages),
+            },
         })
     }
 }
+
 /// Why a slot's bytes could not be read.
 #[derive(Debug)]
 pub(crate) enum ReadFail {
@@ -66,9 +78,9 @@ pub(crate) fn read_entry(
     e: SwapEntry,
     page: &mut [u8],
     unit: &mut UnitCache,
-    compressed: &mut [u8],
-    remote_pf: &RemotePrefetch,
+    io: &mut ReadIo,
 ) -> Result<bool, ReadFail> {
+    let ReadIo { compressed, dec, remote: remote_pf } = io;
     let page = &mut page[..PAGE_SIZE];
     let codec = if e.recompressed() {
         s.config.recompress.ok_or_else(|| {
@@ -96,7 +108,7 @@ pub(crate) fn read_entry(
             if len == PAGE_SIZE {
                 page.copy_from_slice(obj);
             } else {
-                decompress(codec, obj, page).map_err(|err| {
+                dec.decompress(codec, obj, page).map_err(|err| {
                     ReadFail::Corrupt(format!("pool object of slot {slot} does not decompress: {err}"))
                 })?;
             }
@@ -128,7 +140,7 @@ pub(crate) fn read_entry(
             if len == PAGE_SIZE {
                 page.copy_from_slice(&compressed[..PAGE_SIZE]);
             } else {
-                decompress(codec, &compressed[..len], page).map_err(|err| {
+                dec.decompress(codec, &compressed[..len], page).map_err(|err| {
                     ReadFail::Corrupt(format!("file record of slot {slot} does not decompress: {err}"))
                 })?;
             }
@@ -149,7 +161,7 @@ pub(crate) fn read_entry(
             if len == PAGE_SIZE {
                 page.copy_from_slice(&compressed[..PAGE_SIZE]);
             } else {
-                decompress(codec, &compressed[..len], page).map_err(|err| {
+                dec.decompress(codec, &compressed[..len], page).map_err(|err| {
                     ReadFail::Corrupt(format!("remote object of slot {slot} does not decompress: {err}"))
                 })?;
             }
