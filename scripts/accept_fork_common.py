@@ -94,7 +94,7 @@ def run_sampled(argv, timeout_s, env=None):
     killed and returns code None."""
     t0 = time.monotonic()
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         start_new_session=True)
+                         process_group=0)
     sampler = TreeSampler(p.pid)
     try:
         out, err = p.communicate(timeout=timeout_s)

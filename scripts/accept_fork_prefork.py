@@ -88,7 +88,7 @@ def client(a, rec):
                                      str(a.data_mib), "--port-file", port_file])
     t_start = time.monotonic()
     server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
+                              process_group=0)
     sampler = common.TreeSampler(server.pid)
     try:
         while not os.path.exists(port_file):
