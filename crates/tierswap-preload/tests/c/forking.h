@@ -239,4 +239,17 @@ static inline void settle_gauges(const char *label, struct gauges *g, long max_m
     if (same < 2) printf("unsettled %s after %ld ms\n", label, max_ms);
 }
 
+/* Like settle_gauges, once the gauges differ from *from (a release the pager does in its own
+ * time, e.g. a child's references once it has noticed the child is gone), at most `max_ms`
+ * in all. */
+static inline void settle_gauges_after_change(const char *label, struct gauges *g, const struct gauges *from,
+                                              long max_ms) {
+    long waited = 0;
+    for (read_gauges(g); !memcmp(g, from, sizeof *g) && waited < max_ms; waited += 50) {
+        sleep_ms(50);
+        read_gauges(g);
+    }
+    settle_gauges(label, g, max_ms - waited > 1000 ? max_ms - waited : 1000);
+}
+
 #endif

@@ -82,6 +82,7 @@ static int exit_or_kill(int killed) {
     free(a);
     free(b);
     settle_gauges("ab-freed", &g, 10000);
+    struct gauges with_child = g;
     if (killed) {
         if (kill(pid, SIGKILL)) die("kill the child");
         int st;
@@ -94,7 +95,8 @@ static int exit_or_kill(int killed) {
         write_byte(go[1], 'x'); /* EPIPE when the child died: reap says how */
         bad |= reap(pid, "the child");
     }
-    settle_gauges("child-gone", &g, 10000);
+    /* The pager notices the child is gone within its poll period, then drops what it held. */
+    settle_gauges_after_change("child-gone", &g, &with_child, 10000);
     bad |= kind_check("parent: C after the child", c, n_c, KIND_MIXED, SEED_C, 0, 0);
     write_heads(c, n_c, PARENT_HEADS);
     bad |= kind_check("parent: its own heads on C", c, n_c, KIND_MIXED, SEED_C, 1, PARENT_HEADS);
