@@ -260,11 +260,11 @@ const STAGED: State = State {
     flags: &[],
     args: ["mixed", "16", "settle"],
     reached: |o, _, f| {
+        // Reclaim may evict some between the gauges' read and the fork: the fork must
+        // still find staged pages to copy.
         let staged = o.gauge("at-fork", "staged_pages");
-        f.check(staged > 0, || "pages must be staged at the fork (staged_pages 0)".into());
-        f.check(o.counter("fork_copied_pages") >= staged && staged > 0, || {
-            format!("fork_copied_pages {} < staged pages at the fork {staged}", o.counter("fork_copied_pages"))
-        });
+        f.check(staged > 0, || "pages must be staged just before the fork (staged_pages 0)".into());
+        f.check(o.counter("fork_copied_pages") > 0, || "fork_copied_pages 0: no page was staged at the fork".into());
     },
 };
 
@@ -272,7 +272,7 @@ const STAGED: State = State {
 const POOL: State = State {
     name: "pool",
     flags: &["--tiers", "zero,pool"],
-    args: ["counters", "16", "settle"],
+    args: ["text", "16", "settle"],
     reached: |o, _, f| {
         let pool = o.gauge("at-fork", "pool_stored_pages");
         f.check(pool > 1000, || format!("pool_stored_pages {pool} at the fork (want > 1000)"));
@@ -364,11 +364,13 @@ fn clean_reached(o: &Outcome, pattern: &str, f: &mut Failures) {
 
 const CLEAN: State = State { name: "clean", flags: &[], args: ["mixed", "16", "clean"], reached: clean_reached };
 
-/// Clean pages with the pool as the only store (the tiers the hang was first seen with).
+/// Clean pages with the pool as the only store (the tiers the hang was first seen with). The
+/// pages compress well with both compressors: mixed pages would fill the pool with raw
+/// noise, counters with lz4's halves, and leave no room in the budget for a present page.
 const CLEAN_POOL: State = State {
     name: "clean-pool-only",
     flags: &["--tiers", "zero,pool"],
-    args: ["mixed", "16", "clean"],
+    args: ["text", "16", "clean"],
     reached: clean_reached,
 };
 

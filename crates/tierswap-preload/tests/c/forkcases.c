@@ -2,8 +2,8 @@
  * way, and must see the fork-time bytes; the parent must keep its own.
  *
  * Usage: forkcases KIND MIB PREP PATTERN
- *   KIND     mixed | counters | noise | zero | samefill: what the MIB MiB buffer holds
- *            (mixed cycles through zero, same-filled, compressible and noise pages).
+ *   KIND     mixed | counters | text | noise | zero | samefill: what the MIB MiB buffer
+ *            holds (mixed cycles through zero, same-filled, compressible and noise pages).
  *   PREP     fill:   fork right after filling (recently evicted pages are still staged);
  *            settle: fork once the pager has finished evicting (pages in the pool / file);
  *            clean:  settle, read every byte back, settle, fork (the pages read last are
@@ -42,7 +42,7 @@ int main(int argc, char **argv) {
     const char *prep = argc == 5 ? argv[3] : "";
     if (argc != 5 || parse_kind(argv[1], &k) || mib < 1 ||
         (strcmp(prep, "fill") && strcmp(prep, "settle") && strcmp(prep, "clean"))) {
-        fprintf(stderr, "usage: forkcases mixed|counters|noise|zero|samefill MIB fill|settle|clean read|read-write|write\n");
+        fprintf(stderr, "usage: forkcases mixed|counters|text|noise|zero|samefill MIB fill|settle|clean read|read-write|write\n");
         return 2;
     }
     if (!strcmp(argv[4], "read")) pat = READ;
