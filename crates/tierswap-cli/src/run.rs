@@ -15,7 +15,7 @@ use tierswap::{parse_size, PagerConfig, Tiers};
 
 /// The variables the shim reads, all set (or removed) by `run` so a stale one in the
 /// caller's environment cannot change the run.
-const OWNED_VARS: [&str; 11] = [
+const OWNED_VARS: [&str; 12] = [
     "TIERSWAP_BUDGET",
     "TIERSWAP_COMPRESSOR",
     "TIERSWAP_TIERS",
@@ -27,6 +27,7 @@ const OWNED_VARS: [&str; 11] = [
     "TIERSWAP_STATS_ON_EXIT",
     "TIERSWAP_FAULT_THREADS",
     "TIERSWAP_PIN",
+    "TIERSWAP_FAULT_MODE",
 ];
 
 /// Most fault threads `--fault-threads` takes: more only cost memory and wake-ups.
@@ -49,6 +50,13 @@ Not managed: file mappings, shared memory (MAP_SHARED, shm, memfd), thread stack
 MAP_FIXED mappings, memory the program maps before the shim starts, memory of programs \
 that do not use the dynamic libc (static binaries), setuid programs (the loader ignores \
 LD_PRELOAD for them), and the brk heap glibc grows itself when --malloc is off.
+
+Fault mode (--fault-mode): thread, the default, serves a fault on a swapped-out page in \
+one of the pager's fault threads while the faulting thread sleeps; every access works, a \
+system call's too. signal serves it in the faulting thread itself, in a SIGBUS handler: \
+faster (no hand-off between CPUs), but a read(2)/write(2) (or any system call) whose buffer \
+is swapped out, or malloc'd and not touched yet, fails with EFAULT, and a program that \
+installs its own SIGBUS handler must call the previous one for faults that are not its own.
 
 fork: a child manages nothing new; what was managed before the fork stays managed. \
 exec: LD_PRELOAD is inherited, so an exec'd program gets a pager of its own with the \
@@ -94,6 +102,12 @@ pub struct RunArgs {
     /// Fault threads serving the program's faults (0: one per CPU the program may run on).
     #[arg(long, default_value_t = 0, value_name = "N")]
     fault_threads: usize,
+    /// Who serves a fault: thread (a pager thread; every access works) or signal (the
+    /// faulting thread, in a SIGBUS handler: faster, but a system call whose buffer is swapped
+    /// out or not touched yet fails with EFAULT, and a program's own SIGBUS handler must chain
+    /// to the previous one).
+    #[arg(long, default_value = "thread", value_name = "MODE")]
+    fault_mode: String,
     /// Leave the fault threads unpinned. By default each is pinned to one of the CPUs the
     /// program may run on at start, so that a fault is served on the CPU that took it; a
     /// program that moves its threads to other CPUs later may want them free.
@@ -175,6 +189,7 @@ fn prepare(a: &RunArgs) -> Result<std::process::Command, String> {
     if a.fault_threads > MAX_FAULT_THREADS {
         return Err(format!("--fault-threads {}: give 0 (one per CPU) to {MAX_FAULT_THREADS}", a.fault_threads));
     }
+    let fault_mode: tierswap::FaultMode = a.fault_mode.parse().map_err(|e| format!("--fault-mode: {e}"))?;
     let compressor: tierswap::Compressor =
         a.compressor.parse().map_err(|e| format!("--compressor '{}': {e}", a.compressor))?;
     let cfg = PagerConfig {
@@ -185,6 +200,7 @@ fn prepare(a: &RunArgs) -> Result<std::process::Command, String> {
         swap_dir: a.swap_dir.clone(),
         fault_threads: a.fault_threads,
         fault_pin: !a.no_pin,
+        fault_mode,
         ..PagerConfig::default()
     };
     cfg.validate().map_err(|e| format!("--budget '{}': {e}", a.budget).replace(": budget ", ": "))?;
@@ -217,7 +233,14 @@ fn prepare(a: &RunArgs) -> Result<std::process::Command, String> {
         .env("TIERSWAP_MALLOC", malloc)
         .env("TIERSWAP_STRICT", if a.strict { "1" } else { "0" })
         .env("TIERSWAP_FAULT_THREADS", a.fault_threads.to_string())
-        .env("TIERSWAP_PIN", if a.no_pin { "0" } else { "1" });
+        .env("TIERSWAP_PIN", if a.no_pin { "0" } else { "1" })
+        .env(
+            "TIERSWAP_FAULT_MODE",
+            match fault_mode {
+                tierswap::FaultMode::Thread => "thread",
+                tierswap::FaultMode::Signal => "signal",
+            },
+        );
     if let Some(p) = pool_max_bytes {
         cmd.env("TIERSWAP_POOL_MAX", p.to_string());
     }

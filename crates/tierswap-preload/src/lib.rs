@@ -162,6 +162,9 @@ fn config_from_env() -> Result<(PagerConfig, Settings), String> {
         Some("0") => false,
         Some(other) => return Err(format!("TIERSWAP_PIN={other}: use 1 (pin fault threads) or 0")),
     };
+    if let Some(m) = var("TIERSWAP_FAULT_MODE") {
+        cfg.fault_mode = m.parse().map_err(|e| format!("TIERSWAP_FAULT_MODE={m}: {e}"))?;
+    }
     cfg.validate().map_err(|e| e.to_string())?;
     if let Some(m) = size("TIERSWAP_MIN_SIZE")? {
         if m == 0 {
