@@ -48,13 +48,11 @@ impl Mode {
         }
     }
 
-    /// `tierswap run` flags for the mode. Signal mode runs with lz4: with zstd it aborts
-    /// under the shim before any fork (run.rs, `signal_mode_serves_faults_with_the_default_compressor`),
-    /// and these tests are about fork.
+    /// `tierswap run` flags for the mode (the default compressor in both).
     fn flags(self) -> &'static [&'static str] {
         match self {
             Mode::Thread => &["--fault-mode", "thread"],
-            Mode::Signal => &["--fault-mode", "signal", "--compressor", "lz4"],
+            Mode::Signal => &["--fault-mode", "signal"],
         }
     }
 }

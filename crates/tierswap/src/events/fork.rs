@@ -42,11 +42,15 @@
 //! child's copy the child's id. The child reads it without faulting (`process_vm_readv` of
 //! itself answers EFAULT until it is there), writes its pid into it (its own copy: a claim
 //! a grandchild inherits and so cannot take over), and sends the id with one end of a
-//! socket pair of its own to the pager over a socket every child inherits. Grandchildren of
-//! a signal-mode pager are not served: their faults on swapped pages end them with SIGBUS.
+//! socket pair of its own to the pager over a socket every child inherits. The mailbox has
+//! a page per generation: a grandchild finds its parent's page claimed and reads the next,
+//! which the server of its parent filled when it handled that fork. A child forks only
+//! after claiming its own page (a fork handler does it), so none is taken for another.
+//! Descendants deeper than the mailbox, or forked with a raw clone before their parent
+//! claimed its page, are not served: a fault on a swapped page ends them with SIGBUS.
 //!
 //! ```text
-//!  mailbox page (the child's copy)      hello (child → pager), with SCM_RIGHTS
+//!  mailbox page g (a descendant's copy) hello (descendant → pager), with SCM_RIGHTS
 //!  +--------+--------+----------+       +--------+--------+------+
 //!  | MAGIC  |   id   | claim pid|       | MAGIC  |   id   | pid  |   3 × u64
 //!  +--------+--------+----------+       +--------+--------+------+
@@ -59,7 +63,7 @@ use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::mm::children::{Link, MAGIC};
+use crate::mm::children::{Link, MAGIC, MAILBOX_PAGES};
 use crate::mm::slots::put_slot;
 use crate::mm::swap_io::{read_entry, IoBufs};
 use crate::mm::Shared;
@@ -98,6 +102,8 @@ struct Child {
     copies: Vec<u8>,
     /// Signal mode: the id in the child's mailbox (0: none, its faults are not served).
     id: u64,
+    /// Signal mode: its mailbox page (its generation below the pager's process, from 0).
+    gen: usize,
     /// Signal mode: the child's end of its link, once its hello came.
     link: Option<OwnedFd>,
 }
@@ -127,7 +133,7 @@ pub(crate) fn fork(s: &Arc<Shared>, child_uffd: Uffd) {
             return;
         }
     };
-    let mut child = Child { uffd: child_uffd, pages: BTreeMap::new(), copies: Vec::new(), id: 0, link: None };
+    let mut child = Child { uffd: child_uffd, pages: BTreeMap::new(), copies: Vec::new(), id: 0, gen: 0, link: None };
     for r in s.all_regions() {
         for c in 0..r.n_pages.div_ceil(PTES_PER_CHUNK) {
             if !r.ptes.chunk_in_use(c) {
@@ -153,7 +159,7 @@ pub(crate) fn fork(s: &Arc<Shared>, child_uffd: Uffd) {
         }
     }
     if let Some(l) = &s.fork.children.link {
-        child.id = l.post_mailbox(&child.uffd);
+        child.id = l.post_mailbox(&child.uffd, 0);
     }
     spawn_server(s, child, scratch);
 }
@@ -212,10 +218,10 @@ impl Child {
         self.copies = Vec::new();
     }
 
-    /// A grandchild: it shares what this child still has from us (thread mode; signal
-    /// mode serves no grandchild, see the module comment).
+    /// A grandchild: it shares what this child still has from us.
     fn fork(&self, s: &Arc<Shared>, uffd: Uffd, scratch: &mut IoBufs) {
-        let mut g = Child { uffd, pages: BTreeMap::new(), copies: Vec::new(), id: 0, link: None };
+        let gen = self.gen + 1;
+        let mut g = Child { uffd, pages: BTreeMap::new(), copies: Vec::new(), id: 0, gen, link: None };
         for (&a, &v) in &self.pages {
             let src = match v {
                 Src::Slot(slot) => g.share_slot(s, slot, scratch),
@@ -224,6 +230,9 @@ impl Child {
             if let Some(src) = src {
                 g.pages.insert(a, src);
             }
+        }
+        if let Some(l) = &s.fork.children.link {
+            g.id = l.post_mailbox(&g.uffd, gen);
         }
         match IoBufs::new(s.config.file_unit_bytes, 1) {
             Ok(gs) => spawn_server(s, g, gs),
@@ -531,26 +540,43 @@ fn ask_locked(l: &Link, link: &AtomicU64, pid: i32, addr: usize, access: Option<
     }
 }
 
-/// Reads this child's mailbox (waiting for the parent's fork handler to fill it), claims
-/// it and sends the pager its hello. Returns this process's end of the link.
+/// Finds this process's mailbox page (the first whose claim is not an ancestor's, waiting
+/// for a fork handler to fill it), claims it and sends the pager its hello. Returns this
+/// process's end of the link.
 fn connect(l: &Link, pid: i32) -> Option<i32> {
     let start = Instant::now();
     let mut mb = [0u8; 24];
-    while sys::read_own_memory(l.mailbox, &mut mb).ok() != Some(24) {
-        if start.elapsed() > MAILBOX_WAIT {
+    let mut gen = 0;
+    let id = loop {
+        if gen >= MAILBOX_PAGES {
+            // Deeper than the mailbox reaches: not served.
             return None;
         }
-        std::thread::sleep(Duration::from_micros(100));
-    }
-    let word = |k: usize| u64::from_ne_bytes(mb[k * 8..k * 8 + 8].try_into().unwrap_or([0; 8]));
-    let (magic, id, claim) = (word(0), word(1), word(2));
-    if magic != MAGIC || id == 0 || (claim != 0 && claim != pid as u64) {
-        // No id, or an ancestor's: this process is not served.
-        return None;
-    }
-    // SAFETY: the mailbox page is present in this process (read just above), private to it
-    // (a copy the pager installed), and nothing else of this process uses it.
-    unsafe { std::ptr::write_volatile((l.mailbox + 16) as *mut u64, pid as u64) };
+        let page = l.mailbox + gen * PAGE_SIZE;
+        if sys::read_own_memory(page, &mut mb).ok() != Some(24) {
+            // Not installed yet (this process is one generation below the last claimed
+            // page, or deeper): its fork handler is on the way.
+            if start.elapsed() > MAILBOX_WAIT {
+                return None;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+            continue;
+        }
+        let word = |k: usize| u64::from_ne_bytes(mb[k * 8..k * 8 + 8].try_into().unwrap_or([0; 8]));
+        let (magic, id, claim) = (word(0), word(1), word(2));
+        if magic != MAGIC || id == 0 {
+            return None;
+        }
+        if claim != 0 && claim != pid as u64 {
+            // An ancestor's page: ours is further on.
+            gen += 1;
+            continue;
+        }
+        // SAFETY: the mailbox page is present in this process (read just above), private
+        // to it (a copy a fork handler installed), and nothing else of it uses the page.
+        unsafe { std::ptr::write_volatile((page + 16) as *mut u64, pid as u64) };
+        break id;
+    };
     let (mine, theirs) = sys::seqpacket_pair().ok()?;
     let mut hello = [0u8; 24];
     hello[..8].copy_from_slice(&MAGIC.to_ne_bytes());

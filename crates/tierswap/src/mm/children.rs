@@ -23,6 +23,9 @@ use super::Shared;
 use crate::page::PAGE_SIZE;
 use crate::sys;
 use crate::uffd::{self, RegisterMode, Uffd};
+/// Generations of descendants a signal-mode pager serves (a mailbox page each).
+pub(crate) const MAILBOX_PAGES: usize = 8;
+
 /// "tswchild" in ASCII: the mailbox and the hello begin with it.
 pub(crate) const MAGIC: u64 = u64::from_be_bytes(*b"tswchild");
 
@@ -53,8 +56,10 @@ pub(crate) struct Children {
 
 /// Signal mode's link between children and the parent's pager.
 pub(crate) struct Link {
-    /// The mailbox page: registered, never touched in this process, so missing in every
-    /// child too until the fork handler installs the child's id in its copy.
+    /// The mailbox: [`MAILBOX_PAGES`] pages, registered, never touched in this process,
+    /// so missing in every descendant too until a fork handler installs an id in its copy:
+    /// page `g` names a process `g + 1` forks below the pager's (a child in page 0, a
+    /// grandchild in page 1, whose page 0 is its parent's, claimed).
     pub(crate) mailbox: usize,
     /// The mailbox is mapped (until the pager is dropped).
     mailbox_open: AtomicBool,
@@ -99,11 +104,11 @@ pub(crate) fn hand_over(s: &Shared) {
 pub(crate) fn close(s: &Shared) {
     if let Some(l) = &s.fork.children.link {
         if l.mailbox_open.swap(false, Ordering::AcqRel) {
-            let _ = s.uffd.unregister(l.mailbox, PAGE_SIZE);
+            let _ = s.uffd.unregister(l.mailbox, MAILBOX_PAGES * PAGE_SIZE);
             // SAFETY: the mailbox is the link's own mapping; nothing of this process
             // touches it.
             unsafe {
-                let _ = sys::munmap(l.mailbox, PAGE_SIZE);
+                let _ = sys::munmap(l.mailbox, MAILBOX_PAGES * PAGE_SIZE);
             }
         }
     }
@@ -141,12 +146,12 @@ impl Children {
 
 impl Link {
     fn new(uffd: &Uffd) -> std::io::Result<Link> {
-        let mailbox = sys::mmap_reserve(PAGE_SIZE)?;
+        let mailbox = sys::mmap_reserve(MAILBOX_PAGES * PAGE_SIZE)?;
         let mode = RegisterMode { missing: true, wp: false, minor: false };
-        if let Err(e) = uffd.register(mailbox, PAGE_SIZE, mode) {
+        if let Err(e) = uffd.register(mailbox, MAILBOX_PAGES * PAGE_SIZE, mode) {
             // SAFETY: our fresh, unused mapping.
             unsafe {
-                let _ = sys::munmap(mailbox, PAGE_SIZE);
+                let _ = sys::munmap(mailbox, MAILBOX_PAGES * PAGE_SIZE);
             }
             return Err(std::io::Error::other(format!("cannot register the forked children's mailbox: {e}")));
         }
@@ -205,15 +210,19 @@ extern "C" fn hand_over_at_exit() {
 }
 
 impl Link {
-    /// Installs a new id in the child's mailbox and enters it in the inbox; 0 when the
-    /// mailbox cannot be installed (the child's faults then end it with SIGBUS).
-    pub(crate) fn post_mailbox(&self, child_uffd: &Uffd) -> u64 {
+    /// Installs a new id in mailbox page `gen` of a new process (0: a child of the pager's
+    /// process) and enters it in the inbox; 0 when it cannot be installed (the process's
+    /// faults then end it with SIGBUS).
+    pub(crate) fn post_mailbox(&self, child_uffd: &Uffd, gen: usize) -> u64 {
+        if gen >= MAILBOX_PAGES {
+            return 0;
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut page = [0u8; PAGE_SIZE];
         page[..8].copy_from_slice(&MAGIC.to_ne_bytes());
         page[8..16].copy_from_slice(&id.to_ne_bytes());
         for _ in 0..1000 {
-            match child_uffd.copy(self.mailbox, &page, false, false) {
+            match child_uffd.copy(self.mailbox + gen * PAGE_SIZE, &page, false, false) {
                 Ok(_) => {
                     self.inbox.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Mail::Waiting);
                     return id;
