@@ -191,13 +191,14 @@ pub unsafe fn serve(info: *const libc::siginfo_t, ctx: *mut libc::c_void) -> boo
     for e in &PAGERS {
         let raw = e.shared.load(Ordering::SeqCst);
         let theirs = e.pid.load(Ordering::SeqCst);
+        if raw.is_null() || theirs == pid {
+            continue;
+        }
         // SAFETY: in a forked child the table and the pagers it points at are the child's
         // copies, which nothing of the child frees; only the link's immutable parts and
         // its own atomics are read (events::fork::ask_parent).
-        if !raw.is_null()
-            && theirs != pid
-            && crate::events::fork::ask_parent(unsafe { &(*raw).shared }, &e.link, addr, access)
-        {
+        let shared = unsafe { &(*raw).shared };
+        if crate::events::fork::ask_parent(shared, &e.link, addr, access) {
             return true;
         }
     }

@@ -8,9 +8,10 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::backend::file::record_bytes;
+use crate::backend::file::{record_bytes, AlignedBuf, UnitCache};
+use crate::backend::remote::RemotePrefetch;
 use crate::mm::slots::release_entry;
-use crate::mm::swap_io::{read_entry, ReadFail};
+use crate::mm::swap_io::{read_entry, ReadFail, ReadIo};
 use crate::mm::{RegionInner, Shared};
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
 use crate::pagetable::{Pte, PteState};
@@ -50,6 +51,19 @@ impl Planned {
     const SKIP: Planned = Planned { pte: None, entry: SwapEntry::FREE, kind: Kind::Skip, keep: false };
 }
 
+/// One swap-in: the faulting page and the range admitted around it.
+struct SwapIn<'a> {
+    s: &'a Shared,
+    r: &'a RegionInner,
+    /// The faulting page and its pte as locked.
+    idx: usize,
+    old: Pte,
+    write: bool,
+    /// The range `[first, end)` of pages that may come in.
+    first: usize,
+    end: usize,
+}
+
 /// Serves a fault on swapped page `idx` (its pte locked, `old`): admission picks how many
 /// pages come in; every page of that range still swapped is read from its own backend
 /// (mixed ranges: pool, zero, same-filled and file pages side by side, the file's records
@@ -64,6 +78,33 @@ pub(super) fn swap_in(
     write: bool,
     scratch: &mut Scratch,
 ) -> (Option<Tag>, usize, usize) {
+    let (first, end) = plan_window(s, r, idx);
+    let si = SwapIn { s, r, idx, old, write, first, end };
+    let Scratch { io, range, plan, in_thread, .. } = scratch;
+    // The file copy of the fault threads, shared: the next fault of a stream is often
+    // served by the other thread. Taken only if free (else this thread's own); signal
+    // mode keeps one per buffer, as its faulting threads run independent streams.
+    let mut shared_unit = if *in_thread { None } else { s.tiers.unit_cache.as_ref().and_then(try_lock) };
+    let unit = match shared_unit.as_deref_mut() {
+        Some(c) => c,
+        None => &mut io.unit,
+    };
+    // Whole units when a readahead follows this lone page (which wants them); else what
+    // the copy has learnt (see UnitCache).
+    unit.whole = end - first == 1 && !*in_thread && r.ra.window() > 1;
+    let (need, fallback) = si.lock_range(plan, &mut io.read.remote);
+    si.fetch_records(unit, need);
+    si.read_each(unit, plan, range, &mut io.read);
+    drop(shared_unit);
+    si.install_runs(plan, range);
+    let from_tag = si.settle(plan, fallback);
+    (from_tag, first, end - first)
+}
+
+/// The range a fault on page `idx` brings in, as `[first, end)`: what admission decides
+/// (one page, the 64 KiB block, or a larger window where the region streams), a large
+/// window narrowed to the block over memory that is mostly in already.
+fn plan_window(s: &Shared, r: &RegionInner, idx: usize) -> (usize, usize) {
     let c = &s.config;
     let d = r.locality.decide(idx, r.hint, c.swapin_policy, c.swapin_max_pages, c.swapin_learn_blocks);
     if d.vetoed {
@@ -71,50 +112,91 @@ pub(super) fn swap_in(
     }
     let mut pages = d.pages;
     if pages as usize > BLOCK_PAGES && !mostly_swapped(s, r, range_of(idx, pages, r.n_pages)) {
-        // A large window over memory that is mostly in already: the 64 KiB block will do.
         pages = BLOCK_PAGES as u32;
     }
-    let (first, end) = if pages > 1 { range_of(idx, pages, r.n_pages) } else { (idx, idx + 1) };
-    let n = end - first;
-    // The file copy of the fault threads, shared: the next fault of a stream is often
-    // served by the other thread. Taken only if free (else this thread's own); signal
-    // mode keeps one per buffer, as its faulting threads run independent streams.
-    let mut shared_unit = if scratch.in_thread { None } else { s.tiers.unit_cache.as_ref().and_then(try_lock) };
-    let unit = match shared_unit.as_deref_mut() {
-        Some(c) => c,
-        None => &mut scratch.io.unit,
-    };
-    // Whole units when a readahead follows this lone page (which wants them); else what
-    // the copy has learnt (see UnitCache).
-    unit.whole = n == 1 && !scratch.in_thread && r.ra.window() > 1;
-    let plan = &mut scratch.plan;
-    plan.clear();
-    plan.resize(n, Planned::SKIP);
+    if pages > 1 {
+        range_of(idx, pages, r.n_pages)
+    } else {
+        (idx, idx + 1)
+    }
+}
 
-    // Probe: a snapshot of which neighbours are swapped and where their bytes are, taken
-    // without locks; then lock the ones still in the same place. A slot whose backend
-    // changed between the two (written back, drained) is left for its own fault.
-    let mut snapshot = [Tag::Free; crate::config::MAX_SWAPIN_PAGES as usize];
-    if n > 1 {
-        for j in first..end {
-            let p = r.ptes.load(j);
-            if j != idx && p.state() == PteState::Swapped && !p.locked() {
-                snapshot[j - first] = s.tiers.swap.load(p.payload()).tag();
+impl SwapIn<'_> {
+    /// Locks the pages of the range still swapped and in the same place as a lock-free
+    /// snapshot saw them (the faulting page's pte is locked already; its entry is locked
+    /// here, waiting), entering each in the plan. A neighbour whose backend changed between
+    /// the two (written back, drained), or shared with a child, is left for its own fault
+    /// (counted as a fallback). Remote neighbours are prefetched first, in one round trip
+    /// per node. Returns the file bytes spanning the range's records and the fallbacks.
+    fn lock_range(&self, plan: &mut Vec<Planned>, remote: &mut RemotePrefetch) -> ((u64, u64), u64) {
+        let (s, r, idx, first, end) = (self.s, self.r, self.idx, self.first, self.end);
+        let n = end - first;
+        plan.clear();
+        plan.resize(n, Planned::SKIP);
+        let mut snapshot = [Tag::Free; crate::config::MAX_SWAPIN_PAGES as usize];
+        if n > 1 {
+            for j in first..end {
+                let p = r.ptes.load(j);
+                if j != idx && p.state() == PteState::Swapped && !p.locked() {
+                    snapshot[j - first] = s.tiers.swap.load(p.payload()).tag();
+                }
             }
         }
+        self.prefetch_remote(&snapshot, remote);
+        let mut fallback = 0u64;
+        let mut need = (u64::MAX, 0u64);
+        for j in first..end {
+            let k = j - first;
+            let (pte, e) = if j == idx {
+                (self.old, s.tiers.swap.lock(self.old.payload()))
+            } else {
+                if !snapshot[k].in_memory() && snapshot[k] != Tag::File && snapshot[k] != Tag::Remote {
+                    continue;
+                }
+                let Some(p) = r.ptes.try_lock_in(j, PteState::Swapped) else {
+                    continue;
+                };
+                let slot = p.payload();
+                let e = match s.tiers.swap.try_lock(slot) {
+                    // A remote neighbour comes only from the range's prefetch: it never waits
+                    // for a round trip (or retries) of its own.
+                    Some(e) if e.tag() == Tag::Remote && !remote.holds(e.addr_len().0) => {
+                        s.tiers.swap.unlock(slot, e, e);
+                        r.ptes.unlock(j, p, p);
+                        continue;
+                    }
+                    Some(e) if e.tag() == snapshot[k] && e.count() == 1 => e,
+                    other => {
+                        if let Some(e) = other {
+                            s.tiers.swap.unlock(slot, e, e);
+                        }
+                        r.ptes.unlock(j, p, p);
+                        fallback += 1;
+                        continue;
+                    }
+                };
+                (p, e)
+            };
+            plan[k] = Planned { pte: Some(pte), entry: e, kind: Kind::Skip, keep: false };
+            if e.tag() == Tag::File {
+                let (off, len) = e.addr_len();
+                need = (need.0.min(off), need.1.max(off + record_bytes(len) as u64));
+            }
+        }
+        (need, fallback)
     }
-    let mut fallback = 0u64;
-    // File bytes of the range's records.
-    let mut need = (u64::MAX, 0u64);
-    let pool_roomy = pool_roomy(s);
-    // Remote pages of the range come in one round trip per node, fetched before any entry
-    // is locked; each is opened against its locked entry (slot and version) when read below.
-    scratch.io.read.remote.clear();
-    if let Some(remote) = s.tiers.remote.as_ref() {
+
+    /// Fetches the remote pages of the range (the faulting page's and the neighbours the
+    /// snapshot saw there) in one round trip per node, before any entry is locked; each is
+    /// opened against its locked entry (slot and version) when read.
+    fn prefetch_remote(&self, snapshot: &[Tag], prefetched: &mut RemotePrefetch) {
+        let (s, r, idx, first) = (self.s, self.r, self.idx, self.first);
+        prefetched.clear();
+        let Some(remote) = s.tiers.remote.as_ref() else { return };
         let mut wants = [(0u64, 0usize); crate::config::MAX_SWAPIN_PAGES as usize];
         let mut w = 0;
-        for j in first..end {
-            let slot = if j == idx { old.payload() } else { r.ptes.load(j).payload() };
+        for j in first..self.end {
+            let slot = if j == idx { self.old.payload() } else { r.ptes.load(j).payload() };
             if j != idx && snapshot[j - first] != Tag::Remote {
                 continue;
             }
@@ -125,53 +207,19 @@ pub(super) fn swap_in(
             }
         }
         if w > 1 {
-            remote.prefetch(&wants[..w], &mut scratch.io.read.remote, &s.counters);
-        }
-    }
-    for j in first..end {
-        let k = j - first;
-        let (pte, e) = if j == idx {
-            (old, s.tiers.swap.lock(old.payload()))
-        } else {
-            if !snapshot[k].in_memory() && snapshot[k] != Tag::File && snapshot[k] != Tag::Remote {
-                continue;
-            }
-            let Some(p) = r.ptes.try_lock_in(j, PteState::Swapped) else {
-                continue;
-            };
-            let slot = p.payload();
-            let e = match s.tiers.swap.try_lock(slot) {
-                // A remote neighbour comes only from the range's prefetch: it never waits
-                // for a round trip (or retries) of its own.
-                Some(e) if e.tag() == Tag::Remote && !scratch.io.read.remote.holds(e.addr_len().0) => {
-                    s.tiers.swap.unlock(slot, e, e);
-                    r.ptes.unlock(j, p, p);
-                    continue;
-                }
-                Some(e) if e.tag() == snapshot[k] && e.count() == 1 => e,
-                other => {
-                    if let Some(e) = other {
-                        s.tiers.swap.unlock(slot, e, e);
-                    }
-                    r.ptes.unlock(j, p, p);
-                    fallback += 1;
-                    continue;
-                }
-            };
-            (p, e)
-        };
-        plan[k] = Planned { pte: Some(pte), entry: e, kind: Kind::Skip, keep: false };
-        if e.tag() == Tag::File {
-            let (off, len) = e.addr_len();
-            need = (need.0.min(off), need.1.max(off + record_bytes(len) as u64));
+            remote.prefetch(&wants[..w], prefetched, &s.counters);
         }
     }
 
-    // The file records of the range in one read where they lie together: those of a large
-    // swap-in, or a lone fault's and (when that has paid) the rest of its block's.
-    if let (Some(file), true) = (s.tiers.file.as_ref(), need.0 < need.1) {
-        let (block, witness) = if n == 1 && unit.wants_block() {
-            block_records(s, r, idx, need, file.unit_bytes() as u64)
+    /// The file records of the range (bytes `need`) in one read where they lie together:
+    /// those of a large swap-in, or a lone fault's and (when that has paid) the rest of its
+    /// block's. A failed read is counted; the records are read again one by one after, and
+    /// a fault whose own record still cannot be read is reported there.
+    fn fetch_records(&self, unit: &mut UnitCache, need: (u64, u64)) {
+        let s = self.s;
+        let (Some(file), true) = (s.tiers.file.as_ref(), need.0 < need.1) else { return };
+        let (block, witness) = if self.end - self.first == 1 && unit.wants_block() {
+            block_records(s, self.r, self.idx, need, file.unit_bytes() as u64)
         } else {
             (need, None)
         };
@@ -179,8 +227,6 @@ pub(super) fn swap_in(
             Ok(reads) => {
                 s.counters.file_unit_reads.fetch_add(reads as u64, Ordering::Relaxed);
             }
-            // Counted; the records are read again one by one below, and a fault whose
-            // own record still cannot be read is reported there.
             Err(_) => {
                 s.counters.read_errors.fetch_add(1, Ordering::Relaxed);
             }
@@ -190,144 +236,161 @@ pub(super) fn swap_in(
         }
     }
 
-    for (k, planned) in plan.iter_mut().enumerate() {
-        let Planned { pte: Some(pte), entry: e, .. } = *planned else { continue };
-        let j = first + k;
-        let slot = pte.payload();
-        let buf = &mut scratch.range.as_mut_slice()[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
-        let kind = match read_entry(s, slot, e, buf, unit, &mut scratch.io.read) {
-            Ok(true) => Kind::Data,
-            Ok(false) => Kind::Zero,
-            Err(fail) if j == idx && !s.is_leaving(r) => {
-                poison(s, r, r.page_addr(idx), slot, &fail);
-                Kind::Failed
-            }
-            Err(_) => {
-                // Left swapped: its own fault reports it. So is the faulting page while an
-                // event read but not handled concerns its region: a REMOVE in hand discards
-                // the page (poisoning it would log a loss of memory the program dropped, and
-                // its retried access reads zeros), a REMAP moves it, swapped, and the access
-                // at its new place reports it. A fault served in its own thread meets this
-                // (it does not queue behind the events as a fault thread's message does).
-                s.tiers.swap.unlock(slot, e, e);
-                r.ptes.unlock(j, pte, pte);
-                *planned = Planned::SKIP;
+    /// Reads each locked page of the plan into the range buffer, and decides whether it
+    /// comes in clean (keeping its slot). An unreadable faulting page is poisoned; an
+    /// unreadable neighbour, or the faulting page while an event in hand concerns the
+    /// region, is left swapped for its own fault to report.
+    fn read_each(&self, unit: &mut UnitCache, plan: &mut [Planned], range: &mut AlignedBuf, io: &mut ReadIo) {
+        let (s, r, idx, first) = (self.s, self.r, self.idx, self.first);
+        let pool_roomy = pool_roomy(s);
+        for (k, planned) in plan.iter_mut().enumerate() {
+            let Planned { pte: Some(pte), entry: e, .. } = *planned else { continue };
+            let j = first + k;
+            let slot = pte.payload();
+            let buf = &mut range.as_mut_slice()[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
+            let kind = match read_entry(s, slot, e, buf, unit, io) {
+                Ok(true) => Kind::Data,
+                Ok(false) => Kind::Zero,
+                Err(fail) if j == idx && !s.is_leaving(r) => {
+                    poison(s, r, r.page_addr(idx), slot, &fail);
+                    Kind::Failed
+                }
+                Err(_) => {
+                    // Left swapped: its own fault reports it. So is the faulting page while
+                    // an event read but not handled concerns its region: a REMOVE in hand
+                    // discards the page (poisoning it would log a loss of memory the program
+                    // dropped, and its retried access reads zeros), a REMAP moves it, swapped,
+                    // and the access at its new place reports it. A fault served in its own
+                    // thread meets this (it does not queue behind the events as a fault
+                    // thread's message does).
+                    s.tiers.swap.unlock(slot, e, e);
+                    r.ptes.unlock(j, pte, pte);
+                    *planned = Planned::SKIP;
+                    continue;
+                }
+            };
+            let keep = kind == Kind::Data && keeps_slot(s, r, e, slot, self.write && j == idx, pool_roomy);
+            *planned = Planned { pte: Some(pte), entry: e, kind, keep };
+        }
+    }
+
+    /// Installs runs of pages of one kind: one ioctl each, no wake until the end. A write
+    /// to a zero page gets a zeroed copy of its own (saving the write fault after); its zero
+    /// neighbours share one UFFDIO_ZEROPAGE. Pages the kernel did not install stay swapped,
+    /// their slots intact (the program faults on them again); the common cause is the
+    /// region going away.
+    fn install_runs(&self, plan: &mut [Planned], range: &AlignedBuf) {
+        let (s, r, first) = (self.s, self.r, self.first);
+        let n = self.end - first;
+        let zero_copy_at = self.write.then_some(self.idx - first).filter(|&k| plan[k].kind == Kind::Zero);
+        let mut k = 0;
+        while k < n {
+            let p = plan[k];
+            if matches!(p.kind, Kind::Skip | Kind::Failed) {
+                k += 1;
                 continue;
             }
-        };
-        let keep = kind == Kind::Data && keeps_slot(s, r, e, slot, write && j == idx, pool_roomy);
-        *planned = Planned { pte: Some(pte), entry: e, kind, keep };
-    }
-    drop(shared_unit);
-
-    // Install runs of pages of one kind: one ioctl each, no wake until the end.
-    // A write to a zero page gets a zeroed copy of its own (saving the write fault after);
-    // its zero neighbours share one UFFDIO_ZEROPAGE.
-    let zero_copy_at = write.then_some(idx - first).filter(|&k| plan[k].kind == Kind::Zero);
-    let mut k = 0;
-    while k < n {
-        let p = plan[k];
-        if matches!(p.kind, Kind::Skip | Kind::Failed) {
-            k += 1;
-            continue;
-        }
-        let run = k;
-        while k + 1 < n
-            && plan[k + 1].kind == p.kind
-            && plan[k + 1].keep == p.keep
-            && zero_copy_at != Some(k)
-            && zero_copy_at != Some(k + 1)
-        {
-            k += 1;
-        }
-        k += 1;
-        let addr = r.page_addr(first + run);
-        let len = (k - run) * PAGE_SIZE;
-        let res = s.guarded(r, || match p.kind {
-            Kind::Data => {
-                let bytes = &scratch.range.as_slice()[run * PAGE_SIZE..k * PAGE_SIZE];
-                s.uffd.copy(addr, bytes, true, p.keep)
+            let run = k;
+            while k + 1 < n
+                && plan[k + 1].kind == p.kind
+                && plan[k + 1].keep == p.keep
+                && zero_copy_at != Some(k)
+                && zero_copy_at != Some(k + 1)
+            {
+                k += 1;
             }
-            _ if zero_copy_at == Some(run) => {
-                static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
-                s.uffd.copy(addr, &ZERO_PAGE, true, false)
-            }
-            _ => s.uffd.zeropage(addr, len, true),
-        });
-        if let Err(e) = res {
-            // Pages the kernel did not install stay swapped, their slots intact (the
-            // program faults on them again); the common cause is the region going away.
-            let done = match &e {
-                uffd::Error::PageExist { done_bytes, .. }
-                | uffd::Error::Again { done_bytes, .. }
-                | uffd::Error::NoPage { done_bytes, .. } => done_bytes / PAGE_SIZE,
-                _ => 0,
-            };
-            let _ = settle_install(s, addr + done * PAGE_SIZE, Err(e));
-            for q in &mut plan[run + done..k] {
-                q.kind = Kind::Skip;
+            k += 1;
+            let addr = r.page_addr(first + run);
+            let len = (k - run) * PAGE_SIZE;
+            let res = s.guarded(r, || match p.kind {
+                Kind::Data => {
+                    let bytes = &range.as_slice()[run * PAGE_SIZE..k * PAGE_SIZE];
+                    s.uffd.copy(addr, bytes, true, p.keep)
+                }
+                _ if zero_copy_at == Some(run) => {
+                    static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
+                    s.uffd.copy(addr, &ZERO_PAGE, true, false)
+                }
+                _ => s.uffd.zeropage(addr, len, true),
+            });
+            if let Err(e) = res {
+                let done = match &e {
+                    uffd::Error::PageExist { done_bytes, .. }
+                    | uffd::Error::Again { done_bytes, .. }
+                    | uffd::Error::NoPage { done_bytes, .. } => done_bytes / PAGE_SIZE,
+                    _ => 0,
+                };
+                let _ = settle_install(s, addr + done * PAGE_SIZE, Err(e));
+                for q in &mut plan[run + done..k] {
+                    q.kind = Kind::Skip;
+                }
             }
         }
     }
 
-    // Settle each page: installed ones free their slot (or keep it, clean) and turn
-    // present; the rest go back as they were.
-    let mut installed = 0i64;
-    let mut tags = 0u8;
-    let mut from_tag = None;
-    for (k, &p) in plan.iter().enumerate().take(n) {
-        let Some(pte) = p.pte else { continue };
-        let j = first + k;
-        let slot = pte.payload();
-        match p.kind {
-            Kind::Data | Kind::Zero => {
-                tags |= 1 << p.entry.tag().index();
-                if j == idx {
+    /// Settles each page: installed ones free their slot (or keep it, clean) and turn
+    /// present, the faulting one judged for the workingset; the rest go back as they were.
+    /// Counts the swap-in and tells admission where the stream goes on. Returns the tier
+    /// the faulting page came from.
+    fn settle(&self, plan: &[Planned], fallback: u64) -> Option<Tag> {
+        let (s, r, idx, first, end) = (self.s, self.r, self.idx, self.first, self.end);
+        let mut installed = 0i64;
+        let mut tags = 0u8;
+        let mut from_tag = None;
+        for (k, &p) in plan.iter().enumerate().take(end - first) {
+            let Some(pte) = p.pte else { continue };
+            let j = first + k;
+            let slot = pte.payload();
+            match p.kind {
+                Kind::Data | Kind::Zero => {
+                    tags |= 1 << p.entry.tag().index();
+                    if j == idx {
+                        from_tag = Some(p.entry.tag());
+                    }
+                    let new = if p.keep { Pte::present_clean(slot) } else { Pte::present() };
+                    // Judged while the slot still carries its eviction time.
+                    let new = if j == idx { workingset_refault(s, slot, new) } else { new };
+                    if p.keep {
+                        s.tiers.swap.unlock(slot, p.entry, kept_entry(s, p.entry));
+                    } else {
+                        release_entry(s, slot, p.entry);
+                    }
+                    r.ptes.unlock(j, pte, new);
+                    installed += 1;
+                }
+                Kind::Failed => {
+                    // Poisoned: the page reads as SIGBUS until the program discards it.
+                    release_entry(s, slot, p.entry);
+                    r.ptes.unlock(j, pte, Pte::poisoned());
+                    installed += 1;
                     from_tag = Some(p.entry.tag());
                 }
-                let new = if p.keep { Pte::present_clean(slot) } else { Pte::present() };
-                // Judged while the slot still carries its eviction time.
-                let new = if j == idx { workingset_refault(s, slot, new) } else { new };
-                if p.keep {
-                    s.tiers.swap.unlock(slot, p.entry, kept_entry(s, p.entry));
-                } else {
-                    release_entry(s, slot, p.entry);
+                Kind::Skip => {
+                    s.tiers.swap.unlock(slot, p.entry, p.entry);
+                    r.ptes.unlock(j, pte, pte);
                 }
-                r.ptes.unlock(j, pte, new);
-                installed += 1;
-            }
-            Kind::Failed => {
-                // Poisoned: the page reads as SIGBUS until the program discards it.
-                release_entry(s, slot, p.entry);
-                r.ptes.unlock(j, pte, Pte::poisoned());
-                installed += 1;
-                from_tag = Some(p.entry.tag());
-            }
-            Kind::Skip => {
-                s.tiers.swap.unlock(slot, p.entry, p.entry);
-                r.ptes.unlock(j, pte, pte);
             }
         }
-    }
-    s.acct.present_pages.fetch_add(installed, Ordering::Relaxed);
-    s.counters.faults_swapped.fetch_add(1, Ordering::Relaxed);
-    if installed > 1 {
-        s.counters.swpin_large.fetch_add(1, Ordering::Relaxed);
-        s.counters.swpin_large_pages.fetch_add(installed as u64, Ordering::Relaxed);
-        if tags.count_ones() > 1 {
-            s.counters.swpin_large_mixed.fetch_add(1, Ordering::Relaxed);
+        s.acct.present_pages.fetch_add(installed, Ordering::Relaxed);
+        s.counters.faults_swapped.fetch_add(1, Ordering::Relaxed);
+        if installed > 1 {
+            s.counters.swpin_large.fetch_add(1, Ordering::Relaxed);
+            s.counters.swpin_large_pages.fetch_add(installed as u64, Ordering::Relaxed);
+            if tags.count_ones() > 1 {
+                s.counters.swpin_large_mixed.fetch_add(1, Ordering::Relaxed);
+            }
         }
+        if fallback > 0 {
+            s.counters.swpin_large_fallback.fetch_add(fallback, Ordering::Relaxed);
+        }
+        // The stream goes on from the end of what is now in memory past the fault.
+        let mut hi = idx + 1;
+        while hi < end && plan[hi - first].pte.is_some() && plan[hi - first].kind != Kind::Skip {
+            hi += 1;
+        }
+        r.locality.note_swapin(hi);
+        from_tag
     }
-    if fallback > 0 {
-        s.counters.swpin_large_fallback.fetch_add(fallback, Ordering::Relaxed);
-    }
-    // The stream goes on from the end of what is now in memory past the fault.
-    let mut hi = idx + 1;
-    while hi < end && plan[hi - first].pte.is_some() && plan[hi - first].kind != Kind::Skip {
-        hi += 1;
-    }
-    r.locality.note_swapin(hi);
-    (from_tag, first, n)
 }
 
 /// Whether the pool may keep the objects of clean pages: while it is under its limit. A
