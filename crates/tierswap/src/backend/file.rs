@@ -428,6 +428,45 @@ pub struct UnitCache {
 }
 
 impl UnitCache {
+    /// A fill served from the copy: what served it, for what the copy learns.
+    fn note_hit(&mut self, need: (u64, u64)) {
+        if !within(need, self.for_block) {
+            self.served_beyond = true;
+        } else if !within(need, self.fresh) {
+            self.served_block = true;
+        }
+        self.fresh = NO_RANGE;
+    }
+
+    /// A miss for file bytes `need` (units of `ub` bytes): learn from the copy it replaces
+    /// whether whole units, or the rest of a block, would have paid.
+    fn learn_from_miss(&mut self, need: (u64, u64), ub: u64) {
+        if self.end <= self.start {
+            return;
+        }
+        if self.read_whole {
+            // Two whole copies in a row that served no other block: stop (one alone may be
+            // a stream's gap, such as a page that was in the pool).
+            self.whole_idle = if self.served_beyond { 0 } else { self.whole_idle.saturating_add(1) };
+            self.whole_pays = self.whole_idle < 2;
+        } else if self.served_beyond || self.first_unit == need.0 / ub || self.first_unit == (need.1 - 1) / ub {
+            // A smaller copy served another block, or two smaller reads fell in one unit:
+            // the whole unit would have served both.
+            (self.whole_pays, self.whole_idle) = (true, 0);
+        }
+        if self.read_block {
+            self.block_pays = self.served_block || self.served_beyond;
+        } else if self.fresh.0 <= need.1 && need.0 <= self.fresh.1 {
+            // The last read was for records among or beside the ones needed now (a lone
+            // fault, then the rest of its block): reading the block then would have saved
+            // this read. (Not the block: a lone fault in the next block of a stride is no
+            // such evidence.)
+            self.block_pays = true;
+        }
+    }
+}
+
+impl UnitCache {
     /// An empty cache for units of `unit_bytes`.
     pub fn new(unit_bytes: usize) -> io::Result<UnitCache> {
         Ok(UnitCache {
@@ -831,37 +870,10 @@ impl FileTier {
         let now = self.generations_from(u0);
         let need_now = if need.0 / ub == u0 { now } else { [now[1], 0] };
         if cache.holds(need.0, need.1, ub, need_now) {
-            if !within(need, cache.for_block) {
-                cache.served_beyond = true;
-            } else if !within(need, cache.fresh) {
-                cache.served_block = true;
-            }
-            cache.fresh = NO_RANGE;
+            cache.note_hit(need);
             return Ok(0);
         }
-
-        // A miss: learn from the copy it replaces.
-        if cache.end > cache.start {
-            if cache.read_whole {
-                // Two whole copies in a row that served no other block: stop (one alone
-                // may be a stream's gap, such as a page that was in the pool).
-                cache.whole_idle = if cache.served_beyond { 0 } else { cache.whole_idle.saturating_add(1) };
-                cache.whole_pays = cache.whole_idle < 2;
-            } else if cache.served_beyond || cache.first_unit == need.0 / ub || cache.first_unit == (need.1 - 1) / ub {
-                // A smaller copy served another block, or two smaller reads fell in one
-                // unit: the whole unit would have served both.
-                (cache.whole_pays, cache.whole_idle) = (true, 0);
-            }
-            if cache.read_block {
-                cache.block_pays = cache.served_block || cache.served_beyond;
-            } else if cache.fresh.0 <= need.1 && need.0 <= cache.fresh.1 {
-                // The last read was for records among or beside the ones needed now (a
-                // lone fault, then the rest of its block): reading the block then would
-                // have saved this read. (Not the block: a lone fault in the next block
-                // of a stride is no such evidence.)
-                cache.block_pays = true;
-            }
-        }
+        cache.learn_from_miss(need, ub);
         let (lo, hi) = if cache.whole || cache.whole_pays || cache.block_pays { block } else { need };
         let first = lo / ub;
         let next = self.read_next_unit.load(Ordering::Relaxed) as u64;
@@ -876,60 +888,11 @@ impl FileTier {
         let last = (hi - 1) / ub;
         let whole_to = ((last + 1 + next) * ub).min(first * ub + cap);
         let whole = (cache.whole || cache.whole_pays) && round_up(hi as usize, IO_ALIGN) as u64 <= whole_to;
-        let mut reads = 0;
-        let mut valid_to;
-        if whole {
-            // A unit the copy holds whole and current moves to its new place instead of
-            // being read again.
-            let old = (cache.start, cache.end, cache.first_unit, cache.generations, cache.whole_unit);
-            let parts =
-                [(first * ub, ((first + 1) * ub).min(whole_to)), ((first + 1) * ub, whole_to.max((first + 1) * ub))];
-            let mut kept = [false; 2];
-            for (i, &(from, to)) in parts.iter().enumerate() {
-                let j = (first + i as u64).wrapping_sub(old.2) as usize;
-                if to - from == ub && j < 2 && old.4[j] && old.3[j] == gens[i] && old.0 <= from && to <= old.1 {
-                    let at = (from - old.0) as usize;
-                    let dest = i * self.unit_bytes;
-                    cache.buf.as_mut_slice().copy_within(at..at + self.unit_bytes, dest);
-                    kept[i] = true;
-                }
-            }
-            cache.end = cache.start; // nothing valid while it is rebuilt
-            valid_to = first * ub;
-            let mut i = 0;
-            while i < 2 {
-                let (from, to) = parts[i];
-                if kept[i] || from >= to {
-                    valid_to = to.max(valid_to);
-                    i += 1;
-                    continue;
-                }
-                // One read for this part and the next if that is missing too.
-                let to = if i == 0 && !kept[1] { whole_to } else { to };
-                let at = (from - first * ub) as usize;
-                let want = (to - from) as usize;
-                let got = self.read_into(&mut cache.buf.as_mut_slice()[at..at + want], from, need.0)?;
-                reads += 1;
-                valid_to = from + got as u64;
-                if got < want {
-                    // The file ends here (its tail unit is shorter than a unit).
-                    break;
-                }
-                i = if to == whole_to { 2 } else { i + 1 };
-            }
-            cache.start = first * ub;
-            cache.whole_unit = [true, whole_to == (first + 2) * ub];
+        let (reads, valid_to) = if whole {
+            self.read_whole_units(cache, first, whole_to, gens, need.0)?
         } else {
-            let from = lo - lo % IO_ALIGN as u64;
-            let to = round_up(hi as usize, IO_ALIGN) as u64;
-            cache.end = cache.start;
-            let want = (to - from) as usize;
-            let got = self.read_into(&mut cache.buf.as_mut_slice()[..want], from, need.0)?;
-            reads += 1;
-            valid_to = from + got as u64;
-            cache.start = from;
-            cache.whole_unit = [false; 2];
-        }
+            self.read_span(cache, (lo, hi), need.0)?
+        };
         cache.end = valid_to;
         cache.first_unit = first;
         cache.generations = gens;
@@ -940,6 +903,73 @@ impl FileTier {
         cache.served_beyond = false;
         cache.served_block = false;
         Ok(reads)
+    }
+
+    /// Reads whole units `[first, whole_to)` into `cache` (written at generations `gens`):
+    /// a unit the copy holds whole and current moves to its new place instead of being read
+    /// again; the rest in one read. Returns the reads and the end of the valid bytes.
+    fn read_whole_units(
+        &self,
+        cache: &mut UnitCache,
+        first: u64,
+        whole_to: u64,
+        gens: [u64; 2],
+        for_record: u64,
+    ) -> Result<(u32, u64), FileError> {
+        let ub = self.unit_bytes as u64;
+        let old = (cache.start, cache.end, cache.first_unit, cache.generations, cache.whole_unit);
+        let parts =
+            [(first * ub, ((first + 1) * ub).min(whole_to)), ((first + 1) * ub, whole_to.max((first + 1) * ub))];
+        let mut kept = [false; 2];
+        for (i, &(from, to)) in parts.iter().enumerate() {
+            let j = (first + i as u64).wrapping_sub(old.2) as usize;
+            if to - from == ub && j < 2 && old.4[j] && old.3[j] == gens[i] && old.0 <= from && to <= old.1 {
+                let at = (from - old.0) as usize;
+                let dest = i * self.unit_bytes;
+                cache.buf.as_mut_slice().copy_within(at..at + self.unit_bytes, dest);
+                kept[i] = true;
+            }
+        }
+        cache.end = cache.start; // nothing valid while it is rebuilt
+        let mut valid_to = first * ub;
+        let mut reads = 0;
+        let mut i = 0;
+        while i < 2 {
+            let (from, to) = parts[i];
+            if kept[i] || from >= to {
+                valid_to = to.max(valid_to);
+                i += 1;
+                continue;
+            }
+            // One read for this part and the next if that is missing too.
+            let to = if i == 0 && !kept[1] { whole_to } else { to };
+            let at = (from - first * ub) as usize;
+            let want = (to - from) as usize;
+            let got = self.read_into(&mut cache.buf.as_mut_slice()[at..at + want], from, for_record)?;
+            reads += 1;
+            valid_to = from + got as u64;
+            if got < want {
+                // The file ends here (its tail unit is shorter than a unit).
+                break;
+            }
+            i = if to == whole_to { 2 } else { i + 1 };
+        }
+        cache.start = first * ub;
+        cache.whole_unit = [true, whole_to == (first + 2) * ub];
+        Ok((reads, valid_to))
+    }
+
+    /// Reads the IO-aligned span around file bytes `[lo, hi)` into `cache`. Returns the
+    /// reads (one) and the end of the valid bytes.
+    fn read_span(&self, cache: &mut UnitCache, (lo, hi): (u64, u64), for_record: u64) -> Result<(u32, u64), FileError> {
+        let from = lo - lo % IO_ALIGN as u64;
+        let to = round_up(hi as usize, IO_ALIGN) as u64;
+        cache.end = cache.start;
+        let want = (to - from) as usize;
+        let got = self.read_into(&mut cache.buf.as_mut_slice()[..want], from, for_record)?;
+        cache.start = from;
+        cache.whole_unit = [false; 2];
+        Ok((1, from + got as u64))
     }
 
     /// Reads file bytes from `from` into `buf`, short only at the end of the file.

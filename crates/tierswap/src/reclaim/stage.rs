@@ -14,6 +14,15 @@ use crate::pagetable::{Pte, PteState};
 use crate::sys::{self, fatal};
 use crate::uffd;
 
+/// What a staging move's error leaves to do (`Reclaim::after_move_error`).
+enum AfterMove {
+    /// `done` pages count as moved; the page after them is skipped in `skip`'s state.
+    Go { done: usize, skip: Option<PteState> },
+    /// The window held a page of nobody's: the `ours` pages before it are staged and the
+    /// window is set aside.
+    SetAside { ours: usize },
+}
+
 /// What a staging run did, move by move: kept per window so that the internal error for a
 /// page found in the window can say which run it could be from (the run before).
 #[derive(Clone, Copy, Default)]
@@ -342,67 +351,13 @@ impl Reclaim {
             self.last_runs[k].push(i, to - i, taken, outcome(&res));
             let (done, skip) = match res {
                 Ok(bytes) => (bytes / PAGE_SIZE, None),
-                Err(e) => {
-                    // EEXIST: the window was not empty, so `taken` is the count, not
-                    // checked against the window (below).
-                    let done = taken.max(e.done_bytes() / PAGE_SIZE);
-                    let at = i + done;
-                    let skip = match e {
-                        uffd::Error::Busy { .. } => Some(PteState::Present),
-                        // An event about this range is in hand: its handler settles these ptes.
-                        uffd::Error::Again { .. } if self.s.is_leaving(r) => Some(PteState::Present),
-                        uffd::Error::Again { .. } if again < 8 => {
-                            again += 1;
-                            None
-                        }
-                        // ENOENT, or EAGAIN without progress after retries (Linux 6.18's
-                        // answer for a hole): the program may have dropped the page. The
-                        // errno alone is not trusted with data: where the page is decides.
-                        uffd::Error::NoPage { .. } | uffd::Error::Again { .. } => (at < to).then(|| where_is(r, at)),
-                        // The move ran into pages it had moved itself without counting them
-                        // (see `moved_before_eexist`): go on after them.
-                        uffd::Error::PageExist { done_bytes, .. } if taken > done_bytes / PAGE_SIZE => {
-                            self.s
-                                .counters
-                                .move_uncounted
-                                .fetch_add((taken - done_bytes / PAGE_SIZE) as u64, Ordering::Relaxed);
-                            None
-                        }
-                        uffd::Error::PageExist { done_bytes, .. } => {
-                            // Something put a page there that no staging run did: a bug.
-                            // Whose it is cannot be told, so it stays where it is, in a
-                            // window set aside for good. The pages moved before it (EEXIST
-                            // stops the move there) are staged; the rest stay present.
-                            let ours = done_bytes / PAGE_SIZE;
-                            eprintln!(
-                                "tierswap: internal error: the staging window at {window:#x} holds pages no staging run put there ({}); set aside, a new window is used (this run: region {} pages {i}..{to}; the run before through it: {before})",
-                                window_contents(window, to - i),
-                                r.id
-                            );
-                            if ours > 0 {
-                                self.unwindow(r, window, i, ours);
-                            }
-                            for k in i..to {
-                                let old = r.ptes.load(k);
-                                let new = if k < i + ours { old.staged_keeping_hotness() } else { old };
-                                r.ptes.unlock(k, old, new);
-                                if k < i + ours {
-                                    per_block[(k - span_start) / BLOCK_PAGES] += 1;
-                                }
-                            }
-                            self.windows[k] = None;
-                            return staged + ours;
-                        }
-                        // The program unmapped or moved the range (munmap / mremap): its
-                        // event is on the way and settles these ptes. Nothing to say.
-                        uffd::Error::BadAddress { .. } => Some(PteState::Present),
-                        e => {
-                            eprintln!("tierswap: staging pages at {:#x} failed: {e}", r.page_addr(at));
-                            Some(PteState::Present)
-                        }
-                    };
-                    (done, skip)
-                }
+                Err(e) => match self.after_move_error(r, (i, to), taken, e, &mut again) {
+                    AfterMove::Go { done, skip } => (done, skip),
+                    AfterMove::SetAside { ours } => {
+                        self.set_aside(r, window, (i, to), ours, &before, span_start, per_block);
+                        return staged + ours;
+                    }
+                },
             };
             if done > 0 {
                 self.unwindow(r, window, i, done);
@@ -414,26 +369,109 @@ impl Reclaim {
             }
             staged += done;
             i += done;
-            if let Some(state) = skip {
-                if i < to {
-                    let old = r.ptes.load(i);
-                    let new = match state {
-                        PteState::None => {
-                            // The program dropped the page (MADV_DONTNEED): it reads as zeros.
-                            self.s.acct.present_pages.fetch_sub(1, Ordering::Relaxed);
-                            if let Some(kept) = old.kept_slot() {
-                                crate::mm::slots::put_slot(&self.s, kept);
-                            }
-                            Pte::NONE
-                        }
-                        _ => old,
-                    };
-                    r.ptes.unlock(i, old, new);
-                    i += 1;
-                }
+            if let (Some(state), true) = (skip, i < to) {
+                self.skip_page(r, i, state);
+                i += 1;
             }
         }
         staged
+    }
+
+    /// What the error `e` of a move of `[i, to)` that took `taken` pages into the window
+    /// leaves to do: how many pages count as moved and whether the page after them is
+    /// skipped (left present, or None where the program dropped it), or that the window
+    /// held a foreign page. `again` counts EAGAINs without progress.
+    fn after_move_error(
+        &self,
+        r: &RegionInner,
+        (i, to): (usize, usize),
+        taken: usize,
+        e: uffd::Error,
+        again: &mut u32,
+    ) -> AfterMove {
+        // EEXIST: the window was not empty, so `taken` is the count, not checked against
+        // the window (see stage_run).
+        let done = taken.max(e.done_bytes() / PAGE_SIZE);
+        let at = i + done;
+        let skip = match e {
+            uffd::Error::Busy { .. } => Some(PteState::Present),
+            // An event about this range is in hand: its handler settles these ptes.
+            uffd::Error::Again { .. } if self.s.is_leaving(r) => Some(PteState::Present),
+            uffd::Error::Again { .. } if *again < 8 => {
+                *again += 1;
+                None
+            }
+            // ENOENT, or EAGAIN without progress after retries (Linux 6.18's answer for a
+            // hole): the program may have dropped the page. The errno alone is not trusted
+            // with data: where the page is decides.
+            uffd::Error::NoPage { .. } | uffd::Error::Again { .. } => (at < to).then(|| where_is(r, at)),
+            // The move ran into pages it had moved itself without counting them (see
+            // `moved_before_eexist`): go on after them.
+            uffd::Error::PageExist { done_bytes, .. } if taken > done_bytes / PAGE_SIZE => {
+                self.s.counters.move_uncounted.fetch_add((taken - done_bytes / PAGE_SIZE) as u64, Ordering::Relaxed);
+                None
+            }
+            uffd::Error::PageExist { done_bytes, .. } => return AfterMove::SetAside { ours: done_bytes / PAGE_SIZE },
+            // The program unmapped or moved the range (munmap / mremap): its event is on
+            // the way and settles these ptes. Nothing to say.
+            uffd::Error::BadAddress { .. } => Some(PteState::Present),
+            e => {
+                eprintln!("tierswap: staging pages at {:#x} failed: {e}", r.page_addr(at));
+                Some(PteState::Present)
+            }
+        };
+        AfterMove::Go { done, skip }
+    }
+
+    /// Something put a page in the window that no staging run did: a bug. Whose it is
+    /// cannot be told, so it stays where it is, in a window set aside for good. The `ours`
+    /// pages the move took before it (EEXIST stops the move there) are staged; the rest of
+    /// `[i, to)` stay present.
+    #[allow(clippy::too_many_arguments)]
+    fn set_aside(
+        &mut self,
+        r: &RegionInner,
+        window: usize,
+        (i, to): (usize, usize),
+        ours: usize,
+        before: &RunLog,
+        span_start: usize,
+        per_block: &mut [usize],
+    ) {
+        eprintln!(
+            "tierswap: internal error: the staging window at {window:#x} holds pages no staging run put there ({}); set aside, a new window is used (this run: region {} pages {i}..{to}; the run before through it: {before})",
+            window_contents(window, to - i),
+            r.id
+        );
+        if ours > 0 {
+            self.unwindow(r, window, i, ours);
+        }
+        for k in i..to {
+            let old = r.ptes.load(k);
+            let new = if k < i + ours { old.staged_keeping_hotness() } else { old };
+            r.ptes.unlock(k, old, new);
+            if k < i + ours {
+                per_block[(k - span_start) / BLOCK_PAGES] += 1;
+            }
+        }
+        self.windows[r.clean_tracking as usize] = None;
+    }
+
+    /// Unlocks page `i`, which a move could not take: as it is, or None (with its kept slot
+    /// given back) where the program dropped it (MADV_DONTNEED: it reads as zeros).
+    fn skip_page(&self, r: &RegionInner, i: usize, state: PteState) {
+        let old = r.ptes.load(i);
+        let new = match state {
+            PteState::None => {
+                self.s.acct.present_pages.fetch_sub(1, Ordering::Relaxed);
+                if let Some(kept) = old.kept_slot() {
+                    crate::mm::slots::put_slot(&self.s, kept);
+                }
+                Pte::NONE
+            }
+            _ => old,
+        };
+        r.ptes.unlock(i, old, new);
     }
 
     /// How many pages, from the window's start, a move of `n` pages into it took: the
