@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Acceptance for `tierswap run` (issue 7): python3 allocates ~1 GiB in Python objects (ints in
+# Acceptance for `tierswap run`: python3 allocates ~1 GiB in Python objects (ints in
 # a list, str→str dict entries) and bytes under `tierswap run --budget 128M`, then computes a
 # SHA-256 over everything it holds; the same generators hashed in a separate python process
 # without the shim (streaming, holding almost nothing) give the expected digest. Meanwhile

@@ -59,7 +59,7 @@ pub fn interrupted() -> bool {
 }
 
 /// Touches and frees `bytes` of memory once, so the host has handed the guest its pages
-/// before anything is timed (DESIGN §9: the first touch of memory idle for a while is slow).
+/// before anything is timed (docs/design.md, Alternation and warm-up: the first touch of memory idle for a while is slow).
 pub fn warm_up(bytes: u64) {
     let mut v = vec![0u8; bytes as usize];
     for i in (0..v.len()).step_by(4096) {

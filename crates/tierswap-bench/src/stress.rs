@@ -1,4 +1,4 @@
-//! The stress workload (issue 8): N threads create and destroy many managed regions and
+//! The stress workload: N threads create and destroy many managed regions and
 //! read and write random ranges of them while the pager is forced to stage, evict and drain
 //! under a tiny budget and pool, so that every path (staging, pool, file, writeback,
 //! readahead, large swap-in, drain) runs all the time; optionally with fault injection.

@@ -1,6 +1,6 @@
 //! Engine variants: one `--engine` entry names an engine and, for tierswap, settings that
 //! differ from the command's flags, so that two builds of the policy run side by side in one
-//! lab, alternating run by run (DESIGN §9).
+//! lab, alternating run by run (docs/design.md, Alternation and warm-up).
 //!
 //! Syntax: `ENGINE[:SETTING[:SETTING…]]`, with SETTING one of `policy=locality|order0|always`,
 //! `swapin-max=SIZE` (4K to 2M, a power of two), `readahead=SIZE` (the disk readahead

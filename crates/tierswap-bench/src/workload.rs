@@ -31,7 +31,7 @@ pub enum WorkloadKind {
     Concurrent,
     /// In-order refault while the file tier is drained ("swapoff"); tierswap only.
     Drain,
-    /// DESIGN §9's seq refault kept under the budget: read every page in order, three passes,
+    /// The seq refault (docs/design.md, Workloads and data) kept under the budget: read every page in order, three passes,
     /// so pages come in and go out again unwritten (clean-page reuse).
     Thrash,
     /// Pages of mixed content in every 64K block (zero, same-filled, compressible,
@@ -206,7 +206,7 @@ impl std::str::FromStr for WorkloadKind {
 enum Data {
     Zero,
     Fill(u8),
-    /// 512 little-endian u64 per page, word i of page p = p * 512 + i (DESIGN §9's data:
+    /// 512 little-endian u64 per page, word i of page p = p * 512 + i (docs/design.md, Workloads and data: data:
     /// lz4 ~2:1, lzo ~2.6:1).
     Counter,
     /// xorshift bytes seeded by the page index: incompressible.

@@ -1,4 +1,5 @@
-//! The `tierswap` command: the lab today; `run` and `stat` come with issue 7.
+//! The `tierswap` command: `run` (a program under a budget), `stat` (a running pager's
+//! counters) and `bench` (the labs).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

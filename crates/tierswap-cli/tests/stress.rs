@@ -131,8 +131,8 @@ fn stress_with_every_fault_kind_loses_nothing() {
 /// Signal mode (faults served in the faulting thread's SIGBUS handler, reclaim helpers
 /// evicting for faults that wait) under every fault kind and the program's own madvise /
 /// mremap / munmap: nothing lost, nothing hung, and the SIGBUS pages exactly the logged
-/// poisonings. Before stop 27 it hung within a second (a poisoned page's SIGBUS was taken
-/// for a fault). The other bug it found, a page poisoned while a REMOVE in hand discarded
+/// poisonings. While a poisoned page's SIGBUS was taken for a fault, it hung within a
+/// second. The other bug it found, a page poisoned while a REMOVE in hand discarded
 /// it (RELIABILITY.md), showed 1–2 times per 30 s run: 15 s here passed once without
 /// that fix, so this catches it only sometimes.
 #[test]

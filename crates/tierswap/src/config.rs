@@ -52,7 +52,7 @@ pub enum Hint {
 /// ~2,060 for ~14 µs of compression against ~7 (a 4 KiB context, literals left raw) and
 /// ~5.8 µs of decompression against ~3.5: in the acceptance lab every refault of the seed
 /// suite was as fast or faster than with lz4 (sparse ones 2.4–2.6×), swap-out 13–21 %
-/// slower on the counter workloads and faster on `mixed` (README, "Compressors").
+/// slower on the counter workloads and faster on `mixed` (docs/design.md, Defaults and the labs behind them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Compressor {
     /// LZ4 block format (lz4_flex): the fastest, ratio ~2 on typical heaps.
@@ -316,7 +316,7 @@ pub struct PagerConfig {
     pub encrypt: bool,
     /// Microseconds a fault thread keeps polling the userfaultfd after serving a fault
     /// before it sleeps (faults come in bursts; waking a sleeping thread on another CPU costs
-    /// tens of µs on VMs, DESIGN §9). 0 sleeps at once.
+    /// tens of µs on VMs, docs/design.md, Fault hand-off and wake-ups). 0 sleeps at once.
     pub fault_spin_us: u32,
     /// Nice value (0 to 19) of the reclaim and writeback threads. Above the fault threads'
     /// 0, the scheduler runs a woken fault thread before them on a busy CPU; 0 treats them
@@ -347,12 +347,11 @@ pub struct PagerConfig {
     pub stage_ahead: bool,
     /// Reclaim evicts on to its low watermark (1/12 under the budget) only while faults wait
     /// for room: when none did during its last batch it stops at the high watermark (1/32
-    /// under). Stop 28 took any fault during the batch as the sign, so a program faulting
+    /// under). Taking any fault during the batch as the sign (off), a program faulting
     /// slower than reclaim evicts — a sparse refault, whose reclaim thread is its bottleneck
-    /// (compressing what each fault displaces) — paid for ~4,700 evictions it never needed
-    /// (stride64_sparse: 21,000 evictions for 15,900 pages refaulted; 0.30 → 0.25 s in stop
-    /// 29's lab). Off: the low watermark after any fault. On by default; lab variant
-    /// `[no-]throttle-headroom`.
+    /// (compressing what each fault displaces) — pays for evictions it never needs:
+    /// stride64_sparse refaulted in 0.30 s off against 0.25 s on (`docs/lab/current`, the
+    /// `no-throttle-headroom` column). On by default; lab variant `[no-]throttle-headroom`.
     pub throttle_headroom: bool,
     /// Run the reclaim and writeback threads under SCHED_IDLE: a fault thread woken on their
     /// CPU preempts them at once instead of waiting out their time slice. They still run
@@ -360,18 +359,18 @@ pub struct PagerConfig {
     pub background_idle: bool,
     /// Pin fault thread `i` to the `i`-th CPU this process may run on. The one pinned to the
     /// faulting CPU runs as soon as the faulting thread sleeps, without waking a halted CPU
-    /// (DESIGN §9), and its install wakes the faulting thread on that same CPU. Takes effect
+    /// (docs/design.md, Fault hand-off and wake-ups), and its install wakes the faulting thread on that same CPU. Takes effect
     /// with one fault thread per CPU (the default).
     pub fault_pin: bool,
     /// While one program thread faults at a time, only the fault thread on that thread's
     /// CPU polls the userfaultfd, and the lead moves when the program does; the others
-    /// sleep on an eventfd of their own (`watch.rs`). Every poller is woken by every fault:
+    /// sleep on an eventfd of their own (`mm/watch.rs`). Every poller is woken by every fault:
     /// without following, each fault also wakes the fault threads on the other CPUs, a
     /// cross-CPU wake-up the faulting thread pays for and a switch that takes the other
     /// CPU from the reclaim thread. Faults of two program threads close together put every
     /// fault thread back on the userfaultfd, and so does a leader about to sleep for room.
-    /// random64_sparse refaults in 0.23 s instead of 0.31 (stop 29's lab), the other
-    /// single-threaded refaults 3–7 % faster. Takes effect with `fault_pin` and more than one
+    /// random64_sparse refaults in 0.23 s instead of 0.31 (`docs/lab/current`, the
+    /// `no-follow` column), the other single-threaded refaults 3–7 % faster. Takes effect with `fault_pin` and more than one
     /// fault thread; on by default; lab variant `[no-]follow`.
     pub fault_follow: bool,
     /// Reclaim drops the mirror copies of evicted pages 8 blocks at a time, with one
@@ -379,13 +378,13 @@ pub struct PagerConfig {
     /// program's CPU instead of one per block. On by default: refault 1.08× as fast on
     /// usama_1g, 1.12× on samefill, 1.05× on usemem and concurrent, the other workloads
     /// within their spread, and swap-out of usama_1g 2.12 s against 2.32 s, under the
-    /// kernel's 2.17 s only with it (`docs/lab/at-62658fd`). The loss stop 21 saw with it on was
+    /// kernel's 2.17 s only with it (`docs/lab/at-62658fd`). A loss once seen with it on was
     /// reclaim reaching into reused addresses (RELIABILITY.md), with it on or off. Lab
     /// variant `[no-]batch-release`.
     pub batch_release: bool,
     /// Reclaim stages up to 16 blocks of a 2 MiB chunk per UFFDIO_MOVE (one per run of
     /// present pages, one TLB shootdown of the program's CPU) instead of one block per
-    /// move. On by default since stop 26: with the zstd-fast pool and direct reclaim,
+    /// move. On by default: with the zstd-fast pool and direct reclaim,
     /// swap-out 17–19 % faster on usama_1g, random64_sparse, stride64_sparse and
     /// random64_full, and refaults 1.03–1.17× as fast (`docs/lab/batch-stage-zstd`, 5 runs
     /// side by side). It had been off: with lz4 and no direct reclaim it made
@@ -404,7 +403,7 @@ pub struct PagerConfig {
 /// - `Thread`: the faulting thread sleeps in the kernel while a fault thread reads the
 ///   userfaultfd's message and installs the page. Works for every access, a system call's
 ///   included, but each fault pays a hand-off between CPUs (~80 µs on a VM whose idle vCPU
-///   halts, DESIGN §9).
+///   halts, docs/design.md, Fault hand-off and wake-ups).
 /// - `Signal`: the userfaultfd raises SIGBUS in the faulting thread (UFFD_FEATURE_SIGBUS) and
 ///   tierswap's handler installs the page right there: no hand-off (~10 µs a fault here).
 ///   The limit: an access by the *kernel* (a `read(2)` into a swapped-out buffer, a

@@ -355,7 +355,7 @@ impl Threads {
 }
 
 /// Runs a pager thread; if it panics, the program's memory can no longer be served and
-/// would hang on its next fault: abort loudly instead (DESIGN §6).
+/// would hang on its next fault: abort loudly instead (docs/design.md, When something fails).
 fn guarded(what: &str, body: impl FnOnce()) {
     crate::sys::block_signals();
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).is_err() {

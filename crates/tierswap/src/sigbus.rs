@@ -6,7 +6,7 @@
 //! pager owning the address and runs the same fault path a fault thread runs
 //! (`fault::signal::serve_in_thread`), in the faulting thread, on its stack; when the
 //! handler returns, the access is retried and finds its page. There is no hand-off between
-//! CPUs, which costs ~80 µs a fault on a VM whose idle vCPU halts (DESIGN §9).
+//! CPUs, which costs ~80 µs a fault on a VM whose idle vCPU halts (docs/design.md, Fault hand-off and wake-ups).
 //!
 //! What is not ours goes to the handler that was there before: other `si_code`s (a
 //! poisoned page's `BUS_MCEERR_AR`, which is how a page that cannot be read back reaches

@@ -152,7 +152,7 @@ counters! {
     /// reclaimer it throttles). Time the program's CPU may idle.
     pgscan_direct_throttle,
     /// Times the lead moved to the fault thread on the CPU the faulting program thread runs
-    /// on (`PagerConfig::fault_follow`, watch.rs).
+    /// on (`PagerConfig::fault_follow`, mm/watch.rs).
     fault_follow_moves,
     /// Times every fault thread went back to polling the userfaultfd: faults of two program
     /// threads close together, or a leading fault thread going to sleep for room.
@@ -174,7 +174,7 @@ counters! {
     /// kernel had at its address before, still in the pager's map (`Shared::claim_range`).
     stale_extent_waits,
     /// Stale extents found where a REMAP put its new range (a mapping whose own UNMAP /
-    /// REMAP was still to come), set aside until that event came (events.rs, `Displaced`).
+    /// REMAP was still to come), set aside until that event came (events/mod.rs, `Displaced`).
     remap_displaced,
     /// Pages a staging UFFDIO_MOVE moved without counting them (Linux 6.18: EEXIST on its
     /// own uncounted batch), found in the staging window and taken as moved.

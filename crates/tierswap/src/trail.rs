@@ -4,7 +4,7 @@
 //! moved or displaced what was there, and when ([`crate::Pager::trail_near`]).
 //!
 //! Owns: the ring. Calls: nothing. Marking takes a mutex and copies a few words into room
-//! reserved up front: no allocation, so it is safe on the fault and event paths (DESIGN §6).
+//! reserved up front: no allocation, so it is safe on the fault and event paths (docs/design.md, No allocation where a fork waits).
 
 use std::collections::VecDeque;
 use std::sync::Mutex;

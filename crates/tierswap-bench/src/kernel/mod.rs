@@ -167,7 +167,7 @@ impl KernelEngine {
         let room = size_bytes + size_bytes / 4 + (64 << 20);
         match kind {
             EngineKind::KernelZswap => {
-                // DESIGN §9: this kernel's zswap offers lzo, lzo-rle, deflate; lzo is what
+                // docs/design.md, Kernel baselines: this kernel's zswap offers lzo, lzo-rle, deflate; lzo is what
                 // the figures there were measured with.
                 let _ = sys.set_zswap("compressor", "lzo");
                 sys.set_zswap("enabled", "Y")?;

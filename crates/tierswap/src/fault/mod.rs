@@ -69,7 +69,7 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
         pin_to_cpu(index, "fault thread");
     }
     s.wake.watch.register(index);
-    // When this thread, leading, next looks where the program runs (watch.rs).
+    // When this thread, leading, next looks where the program runs (mm/watch.rs).
     let mut next_look = Instant::now();
     let mut scratch = match Scratch::new(s.config.file_unit_bytes, s.config.swapin_max_pages) {
         Ok(b) => b,
@@ -121,7 +121,7 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
         };
         events.clear();
         {
-            // Events are read and handled one reader at a time, in queue order (events.rs).
+            // Events are read and handled one reader at a time, in queue order (events/mod.rs).
             let _ev = s.gates.event_lock.lock().unwrap_or_else(|e| e.into_inner());
             match s.read_program_events(&mut events, 64, spinning) {
                 Ok(0) if spinning => {

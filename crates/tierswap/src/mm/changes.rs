@@ -50,7 +50,7 @@ impl RemappedFrom {
 }
 
 /// Pieces of regions a REMAP's new range displaced from the map before their own UNMAP /
-/// REMAP came (events.rs, ordering rules). A piece keeps its ptes (its slots and staged
+/// REMAP came (events/mod.rs, ordering rules). A piece keeps its ptes (its slots and staged
 /// pages are still the old region's) and one `leaving` mark on its region, so nothing is
 /// installed for it at addresses the new region holds now, until that event takes it.
 #[derive(Default)]

@@ -62,10 +62,12 @@ pub(crate) use region::{Lookup, Piece, RegionInner, RegionMap};
 pub(crate) use watch::Watch;
 /// The state every pager thread shares, in parts that each say what guards them.
 ///
-/// Lock order, outermost first: the fork gate (forkgate.rs), the event lock, the install
-/// gate, the region map, a region's reclaim lock, a pte lock, a swap entry lock, then the
-/// leaf locks (the inactive list, the room condvar, the tiers' own). Reclaim only
-/// try-locks ptes, so it never waits on a fault thread; writeback takes entry locks only.
+/// Lock order (docs/design.md, Lock order): a pte lock before a swap entry lock, ptes in
+/// page order; a region's reclaim lock before its pte locks; the fork gate before the event
+/// lock, the event lock before the install gate; installs run `guarded` (the install gate
+/// read) under their pte locks; the inactive list, the room condvar and the tiers' own
+/// locks are leaves. Reclaim only try-locks ptes, so it never waits on a fault thread;
+/// writeback takes entry locks only.
 pub(crate) struct Shared {
     /// The program ranges' userfaultfd: faults and REMOVE / UNMAP / REMAP / FORK events.
     pub(crate) uffd: Uffd,
@@ -251,7 +253,7 @@ pub(crate) struct Wakeups {
     pub(crate) shutdown: AtomicBool,
     /// Written to stop the fault threads' poll.
     pub(crate) stop_fd: OwnedFd,
-    /// Which fault threads poll the userfaultfd (watch.rs; its own atomics).
+    /// Which fault threads poll the userfaultfd (mm/watch.rs; its own atomics).
     pub(crate) watch: Watch,
     /// Fault threads past their start (their last allocation outside a busy section),
     /// under the mutex.
@@ -515,7 +517,7 @@ impl Shared {
             }
             let ranges = match *ev {
                 uffd::Event::Remove { start, end } | uffd::Event::Unmap { start, end } => [(start, end), (0, 0)],
-                // The destination too: a stale extent there is left open (events.rs).
+                // The destination too: a stale extent there is left open (events/mod.rs).
                 uffd::Event::Remap { from, to, len } => [(from, from + len), (to, to + len)],
                 _ => continue,
             };

@@ -57,7 +57,7 @@ pub(crate) struct RegionInner {
     /// dropped. While either says so ([`Shared::is_leaving`]), nothing is installed in the
     /// program's range and nothing is moved out of it.
     pub(crate) leaving: AtomicU32,
-    /// The batch of events ([`Shared::event_batch`]) whose read marked this range leaving
+    /// The batch of events ([`Gates::event_batch`](super::Gates::event_batch)) whose read marked this range leaving
     /// too, until that batch is handled; 0: none.
     pub(crate) marked_in: AtomicU64,
 }

@@ -1,7 +1,7 @@
 //! Stride prefetch: a program that faults on every s-th page (a column of a matrix, one
 //! field of an array of large records, the seed suite's stride64_sparse) takes one fault a
 //! page however its pages are stored, and each fault is a hand-off to a fault thread (~20 µs
-//! here, DESIGN §9). Once its lone faults have kept one stride, the pages further along it
+//! here, docs/design.md, Fault hand-off and wake-ups). Once its lone faults have kept one stride, the pages further along it
 //! are brought into place before they are touched (prefetch into place): the program then
 //! passes them without a fault.
 //!

@@ -31,7 +31,7 @@ pub(crate) fn wait_for_room(s: &Shared, direct: Option<&mut DirectReclaim>) {
         }
     }
     s.counters.pgscan_direct_throttle.fetch_add(1, Ordering::Relaxed);
-    // Every fault thread polls while this one sleeps (watch.rs): another program thread's
+    // Every fault thread polls while this one sleeps (mm/watch.rs): another program thread's
     // fault must not wait for this one's room. Not before direct reclaim: ringing the
     // others then, ~1,600 times a 1 GiB fill, cost its swap-out 10 % (2.06 → 2.29 s).
     if s.wake.watch.release_all() {
