@@ -262,7 +262,7 @@ struct ProgramsArgs {
     #[arg(long, default_value_t = 3)]
     runs: usize,
     /// Timed requests per distribution and run (a tenth more go first as a verified warm-up).
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 20_000)]
     requests: u64,
     /// Bytes of values loaded (1 KiB each; 1000000K is 1,000,000 keys).
     #[arg(long, default_value = "1000000K")]

@@ -224,7 +224,7 @@ pub fn run_phase(
                     for k in 0..timed {
                         if k % 1024 == 0 && (abort.load(Ordering::Relaxed) || stop()) {
                             abort.store(true, Ordering::Relaxed);
-                            return Err(std::io::Error::other("stopped"));
+                            return Err(std::io::Error::other("interrupted"));
                         }
                         if let Err(e) = step(&mut out, true, &mut rng) {
                             abort.store(true, Ordering::Relaxed);
@@ -256,7 +256,7 @@ pub fn run_phase(
         lat.extend(t.lat_ns);
     }
     if abort.load(Ordering::Relaxed) {
-        return Err(std::io::Error::other("stopped"));
+        return Err(std::io::Error::other("interrupted"));
     }
     lat.sort_unstable();
     all.requests = lat.len() as u64;
@@ -282,7 +282,7 @@ pub fn load_all(
     let mut i = 0;
     while i < n {
         if stop() {
-            return Err(std::io::Error::other("stopped"));
+            return Err(std::io::Error::other("interrupted"));
         }
         let count = batch.min(n - i);
         conn.load(i, count, value_bytes)?;

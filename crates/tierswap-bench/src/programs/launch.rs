@@ -154,6 +154,9 @@ pub fn proc_status_bytes(pid: u32, field: &str) -> u64 {
         .map_or(0, |kib: u64| kib * 1024)
 }
 
+/// What an error says when the kernel OOM-killed the program inside its memcg.
+pub const OOM_NOTE: &str = " (the kernel OOM-killed the program in its memcg)";
+
 /// What starting a program needs besides its command line.
 pub struct LaunchContext<'a> {
     /// The budget of the constrained engines.
@@ -365,7 +368,7 @@ impl Running {
             .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse::<u64>().ok()))
             .unwrap_or(0);
         if kills > 0 {
-            " (the kernel OOM-killed the program in its memcg)"
+            OOM_NOTE
         } else {
             ""
         }

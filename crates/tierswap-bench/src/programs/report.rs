@@ -241,8 +241,9 @@ pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &
         }
         s += "\n";
     }
-    // The client's headroom: its own capacity against the fastest engine's throughput.
-    s += "\nclient headroom (requests per client CPU-second ÷ the fastest engine's req/s; above 1, the client is not the bottleneck):\n";
+    // The client's headroom: its own capacity against the engines' throughput.
+    s += "\nclient headroom (the client's requests per CPU-second of its own, measured beside the fastest engine,\n\
+          ÷ that engine's req/s and ÷ the fastest constrained engine's; above 1 the client is not the bottleneck):\n";
     let mut seen: Vec<(String, String)> = Vec::new();
     for r in summaries {
         let key = (r.program.clone(), r.distribution.clone());
@@ -252,19 +253,23 @@ pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &
         seen.push(key);
         let group: Vec<&Summary> =
             summaries.iter().filter(|x| x.program == r.program && x.distribution == r.distribution).collect();
-        let Some(fastest) = group.iter().max_by(|a, b| a.throughput_rps.median.total_cmp(&b.throughput_rps.median))
-        else {
-            continue;
-        };
+        let by_rps = |a: &&&Summary, b: &&&Summary| a.throughput_rps.median.total_cmp(&b.throughput_rps.median);
+        let Some(fastest) = group.iter().max_by(by_rps).copied() else { continue };
+        let constrained = group.iter().filter(|x| x.engine != "unconstrained").max_by(by_rps).copied();
+        let cap = fastest.client_capacity_rps;
         s += &format!(
-            "  {:<12} {:<8} client {:>9.0} req/CPU-s, {} {:>9.0} req/s: headroom {:.1}×\n",
+            "  {:<12} {:<8} client {:>7.0} req/CPU-s; {} {:>7.0} req/s: {:.1}×",
             r.program,
             r.distribution,
-            fastest.client_capacity_rps,
+            cap,
             fastest.engine,
             fastest.throughput_rps.median,
-            fastest.client_capacity_rps / fastest.throughput_rps.median.max(1e-9)
+            cap / fastest.throughput_rps.median.max(1e-9)
         );
+        if let Some(c) = constrained.filter(|c| c.engine != fastest.engine) {
+            s += &format!("; {} {:>7.0} req/s: {:.1}×", c.engine, c.throughput_rps.median, cap / c.throughput_rps.median.max(1e-9));
+        }
+        s += "\n";
     }
     // tierswap's counters per request.
     let ts: Vec<&Summary> = summaries.iter().filter(|r| !r.per_request.is_empty()).collect();
@@ -282,6 +287,9 @@ pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &
             }
             s += "\n";
         }
+    }
+    for line in &out.retried {
+        s += &format!("retried: {line}\n");
     }
     for r in out.runs.iter().filter(|r| r.error.is_some()) {
         s += &format!("problem: {} on {} run {}: {}\n", r.program, r.engine, r.run + 1, r.error.as_deref().unwrap_or(""));
@@ -312,6 +320,8 @@ pub struct Document<'a> {
     pub elapsed_s: f64,
     /// Stopped early.
     pub interrupted: bool,
+    /// Runs retried after an OOM kill.
+    pub retried: &'a [String],
 }
 
 /// The JSON document of a lab.
@@ -336,6 +346,7 @@ pub fn document<'a>(
         equal_memory_budgets: out.equal_budgets.iter().cloned().collect(),
         elapsed_s: out.elapsed_s,
         interrupted: out.interrupted,
+        retried: &out.retried,
     }
 }
 
