@@ -109,7 +109,8 @@ fn percentile_us(sorted_ns: &[u64], p: f64) -> f64 {
     if sorted_ns.is_empty() {
         return 0.0;
     }
-    let rank = ((p / 100.0) * sorted_ns.len() as f64).ceil() as usize;
+    // The small epsilon keeps 99.9 % of 1000 at rank 999 despite binary fractions.
+    let rank = ((p / 100.0) * sorted_ns.len() as f64 - 1e-9).ceil() as usize;
     sorted_ns[rank.clamp(1, sorted_ns.len()) - 1] as f64 / 1000.0
 }
 

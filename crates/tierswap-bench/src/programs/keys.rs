@@ -48,7 +48,7 @@ const WORDS: [&str; 64] = [
     "customer", "delivery", "device", "discount", "email", "event", "expires", "feature", "filter", "first",
     "gallery", "greeting", "history", "invoice", "language", "last", "locale", "message", "mobile", "name",
     "number", "order", "payment", "phone", "picture", "price", "product", "profile", "quantity", "rating",
-    "region", "review", "session", "shipping", "status", "street", "summary", "theme", "title", "token",
+    "region", "review", "segment", "shipping", "status", "street", "summary", "theme", "title", "token",
     "updated", "user", "version", "window",
 ];
 

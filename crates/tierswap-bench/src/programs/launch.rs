@@ -81,9 +81,9 @@ impl ProgramEngine {
                 "threads" => flags.extend(["--fault-threads".to_string(), value.to_string()]),
                 "no-pin" => flags.push("--no-pin".into()),
                 "pin" => {}
-                other => {
+                _ => {
                     return Err(format!(
-                        "engine '{entry}': '{other}' is a setting of the in-process lab; a program runs under `tierswap run`, which takes {RUN_SETTINGS}"
+                        "engine '{entry}': '{setting}' is a setting of the in-process lab; a program runs under `tierswap run`, which takes {RUN_SETTINGS}"
                     ))
                 }
             }

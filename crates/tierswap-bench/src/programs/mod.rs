@@ -158,6 +158,8 @@ pub struct PhaseRecord {
     pub outcome: PhaseOutcome,
     /// Mismatches in the warm-up (its reads are verified too).
     pub warmup_mismatches: u64,
+    /// Values the warm-up read and compared.
+    pub warmup_values_verified: u64,
     /// tierswap: its counters' increase over the timed requests (faults, swpin_large,
     /// pswpin…), from the pager's control socket.
     pub counters: BTreeMap<String, u64>,
@@ -552,7 +554,13 @@ impl Lab<'_> {
                 (Some(b), Some(a)) => delta(&b, &a),
                 _ => BTreeMap::new(),
             };
-            r.phases.push(PhaseRecord { distribution: dist, outcome: out, warmup_mismatches: warm.mismatches, counters });
+            r.phases.push(PhaseRecord {
+                distribution: dist,
+                outcome: out,
+                warmup_mismatches: warm.mismatches,
+                warmup_values_verified: warm.values_verified,
+                counters,
+            });
         }
         let live_fp = if is_tierswap { tierswap_counters(running.pid()).map(|c| c.1) } else { None };
         let (peaks, hwm) = running.peaks();

@@ -42,6 +42,8 @@ pub struct Summary {
     pub engine: String,
     /// Runs that completed.
     pub runs: usize,
+    /// Seconds to load the dataset (sqlite: to read the table into its cache), median.
+    pub load_s: f64,
     /// Requests per second.
     pub throughput_rps: Spread,
     /// Median over runs of each run's p50, µs.
@@ -109,6 +111,7 @@ pub fn summarize(runs: &[ProgramRun]) -> Vec<Summary> {
             }
             Summary {
                 runs: rows.len(),
+                load_s: median(&f(&|(r, _)| r.load_s)),
                 throughput_rps: Spread::of(&f(&|(_, p)| p.outcome.throughput_rps)),
                 p50_us: median(&f(&|(_, p)| p.outcome.p50_us)),
                 p99_us: median(&f(&|(_, p)| p.outcome.p99_us)),
@@ -119,7 +122,7 @@ pub fn summarize(runs: &[ProgramRun]) -> Vec<Summary> {
                 rss_bytes: median(&f(&|(r, _)| r.rss_max_bytes as f64)),
                 kernel_pool_bytes: median(&f(&|(r, _)| r.kernel_pool_max_bytes as f64)),
                 mismatches: rows.iter().map(|(_, p)| p.outcome.mismatches + p.warmup_mismatches).sum(),
-                values_verified: rows.iter().map(|(_, p)| p.outcome.values_verified).sum(),
+                values_verified: rows.iter().map(|(_, p)| p.outcome.values_verified + p.warmup_values_verified).sum(),
                 client_capacity_rps: median(&f(&|(_, p)| p.outcome.client_capacity_rps)),
                 per_request,
                 program,
@@ -186,8 +189,8 @@ pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &
         s += &format!("  {:<12} {}\n", p.name(), p.describe());
     }
     s += &format!(
-        "\n{:<12} {:<8} {:<22} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6} {:>7} {:>7} {:>5}\n",
-        "program", "dist", "engine", "req/s", "p50 µs", "p99 µs", "p99.9 µs", "÷disk", "÷zswap", "fp MiB", "HWM MiB", "mism"
+        "\n{:<12} {:<8} {:<22} {:>6} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6} {:>7} {:>7} {:>5}\n",
+        "program", "dist", "engine", "load s", "req/s", "p50 µs", "p99 µs", "p99.9 µs", "÷disk", "÷zswap", "fp MiB", "HWM MiB", "mism"
     );
     let mut last = String::new();
     for r in summaries {
@@ -196,10 +199,11 @@ pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &
         }
         last.clone_from(&r.program);
         s += &format!(
-            "{:<12} {:<8} {:<22} {:>9.0} {:>8} {:>8} {:>9} {:>6} {:>6} {:>7} {:>7} {:>5}\n",
+            "{:<12} {:<8} {:<22} {:>6.1} {:>9.0} {:>8} {:>8} {:>9} {:>6} {:>6} {:>7} {:>7} {:>5}\n",
             r.program,
             r.distribution,
             r.engine,
+            r.load_s,
             r.throughput_rps.median,
             us(r.p50_us),
             us(r.p99_us),
@@ -211,7 +215,8 @@ pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &
             r.mismatches
         );
     }
-    s += "\nreq/s: timed requests ÷ seconds (median of runs); p50/p99/p99.9: medians of the runs' percentiles;\n\
+    s += "\nload s: seconds to load the dataset (sqlite: to read its table into the cache), median of runs;\n\
+          req/s: timed requests ÷ seconds (median of runs); p50/p99/p99.9: medians of the runs' percentiles;\n\
           ÷disk, ÷zswap: the row's req/s ÷ kernel-disk's / kernel-zswap's in this lab; fp: the memory the engine\n\
           held at its peak (tierswap: its footprint, pool and metadata included; kernel: memcg usage + the\n\
           compressed pool, which memcg v1 does not charge; unconstrained: VmHWM); HWM: the program's VmHWM;\n\
@@ -362,6 +367,7 @@ mod tests {
             distribution: d,
             outcome: PhaseOutcome { requests: 100, throughput_rps: rps, p99_us: 10.0, ..Default::default() },
             warmup_mismatches: 0,
+            warmup_values_verified: 0,
             counters: if engine == "tierswap" { [("faults".to_string(), 250)].into() } else { BTreeMap::new() },
         };
         ProgramRun {
