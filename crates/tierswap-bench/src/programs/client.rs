@@ -293,6 +293,48 @@ pub fn load_all(
     Ok(())
 }
 
+/// Loads keys `0..n` over every connection at once, each a contiguous share in batches of
+/// `batch` (for servers with threads of their own: the load's faults overlap).
+pub fn load_parallel(
+    conns: &mut [Box<dyn Conn>],
+    n: u64,
+    value_bytes: usize,
+    batch: u64,
+    stop: &(dyn Fn() -> bool + Sync),
+    tick: &(dyn Fn(u64) + Sync),
+) -> std::io::Result<()> {
+    let parts = conns.len().max(1) as u64;
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let results: Vec<std::io::Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = conns
+            .iter_mut()
+            .enumerate()
+            .map(|(i, conn)| {
+                let done = &done;
+                let (first, end) = (n * i as u64 / parts, n * (i as u64 + 1) / parts);
+                s.spawn(move || -> std::io::Result<()> {
+                    let mut k = first;
+                    while k < end {
+                        if stop() {
+                            return Err(std::io::Error::other("interrupted"));
+                        }
+                        let count = batch.min(end - k);
+                        conn.load(k, count, value_bytes)?;
+                        k += count;
+                        tick(done.fetch_add(count, Ordering::Relaxed) + count);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("a loading thread panicked"))))
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -352,6 +394,25 @@ mod tests {
         let spec = PhaseSpec { set_percent: 0, ..spec };
         let out = run_phase(&mut conns, &versions, &chooser, &spec, &|| false).unwrap();
         assert_eq!(out.mismatches, out.values_verified, "every value was corrupted");
+    }
+
+    #[test]
+    fn a_parallel_load_stores_every_key_once() {
+        let fake = Fake { map: Arc::new(Mutex::new(HashMap::new())) };
+        let mut conns: Vec<Box<dyn Conn>> = (0..3).map(|_| Box::new(fake.clone()) as Box<dyn Conn>).collect();
+        let last = AtomicU32::new(0);
+        load_parallel(&mut conns, 1001, 16, 50, &|| false, &|i| {
+            last.fetch_max(i as u32, Ordering::Relaxed);
+        })
+        .unwrap();
+        assert_eq!(last.load(Ordering::Relaxed), 1001);
+        let map = fake.map.lock().unwrap();
+        assert_eq!(map.len(), 1001);
+        let mut want = Vec::new();
+        for k in 0..1001 {
+            value_of(k, 0, 16, &mut want);
+            assert_eq!(map[&k], want);
+        }
     }
 
     #[test]
