@@ -140,9 +140,8 @@ fn one_request(
     timed: bool,
 ) -> std::io::Result<()> {
     if is_set {
-        let _stripe = versions.stripes[(idx % versions.stripes.len() as u64) as usize]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let _stripe =
+            versions.stripes[(idx % versions.stripes.len() as u64) as usize].lock().unwrap_or_else(|e| e.into_inner());
         let next = versions.get(idx) + 1;
         value_of(idx, next, value_bytes, want);
         let t0 = Instant::now();
@@ -204,7 +203,17 @@ pub fn run_phase(
                     let mut step = |out: &mut ThreadOutcome, timed: bool, rng: &mut Rng| {
                         let idx = chooser.next(rng);
                         let is_set = rng.below(100) < spec.set_percent as u64;
-                        one_request(&mut **conn, versions, idx, is_set, spec.value_bytes, &mut got, &mut want, out, timed)
+                        one_request(
+                            &mut **conn,
+                            versions,
+                            idx,
+                            is_set,
+                            spec.value_bytes,
+                            &mut got,
+                            &mut want,
+                            out,
+                            timed,
+                        )
                     };
                     let mut res = Ok(());
                     for k in 0..warm {

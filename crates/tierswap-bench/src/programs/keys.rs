@@ -43,13 +43,12 @@ impl Rng {
 /// Words the first half of a value is made of: plain English, like the text fields of a
 /// cached record (the half that compresses).
 const WORDS: [&str; 64] = [
-    "account", "address", "amount", "answer", "balance", "banner", "basket", "billing", "branch", "button",
-    "cache", "caption", "channel", "checkout", "city", "comment", "company", "country", "coupon", "created",
-    "customer", "delivery", "device", "discount", "email", "event", "expires", "feature", "filter", "first",
-    "gallery", "greeting", "history", "invoice", "language", "last", "locale", "message", "mobile", "name",
-    "number", "order", "payment", "phone", "picture", "price", "product", "profile", "quantity", "rating",
-    "region", "review", "segment", "shipping", "status", "street", "summary", "theme", "title", "token",
-    "updated", "user", "version", "window",
+    "account", "address", "amount", "answer", "balance", "banner", "basket", "billing", "branch", "button", "cache",
+    "caption", "channel", "checkout", "city", "comment", "company", "country", "coupon", "created", "customer",
+    "delivery", "device", "discount", "email", "event", "expires", "feature", "filter", "first", "gallery", "greeting",
+    "history", "invoice", "language", "last", "locale", "message", "mobile", "name", "number", "order", "payment",
+    "phone", "picture", "price", "product", "profile", "quantity", "rating", "region", "review", "segment", "shipping",
+    "status", "street", "summary", "theme", "title", "token", "updated", "user", "version", "window",
 ];
 
 const HEX: &[u8; 16] = b"0123456789abcdef";

@@ -235,7 +235,9 @@ pub fn check_tools(programs: &[Program]) -> Result<(), String> {
     for p in programs {
         match p {
             Program::Redis | Program::RedisMixed if !have("redis-server") => {
-                return Err("no `redis-server`: install it with `apt-get install redis-server` (scripts/setup.sh does)".into())
+                return Err(
+                    "no `redis-server`: install it with `apt-get install redis-server` (scripts/setup.sh does)".into()
+                )
             }
             Program::Memcached if !have("memcached") => {
                 return Err("no `memcached`: install it with `apt-get install memcached` (scripts/setup.sh does)".into())
@@ -457,13 +459,25 @@ impl Lab<'_> {
             .map(OsString::from)
             .collect(),
             Program::Memcached => {
-                let mib = (spec.dataset_bytes() * 2 >> 20) + 64;
+                let mib = ((spec.dataset_bytes() * 2) >> 20) + 64;
                 let hashpower = format!("hashpower={}", memcached_hashpower(spec.keys));
-                ["memcached", "-l", "127.0.0.1", "-p", &port_s, "-U", "0", "-m", &mib.to_string(), "-u", memcached_user()]
-                    .iter()
-                    .map(OsString::from)
-                    .chain(["-o".into(), hashpower.into()])
-                    .collect()
+                [
+                    "memcached",
+                    "-l",
+                    "127.0.0.1",
+                    "-p",
+                    &port_s,
+                    "-U",
+                    "0",
+                    "-m",
+                    &mib.to_string(),
+                    "-u",
+                    memcached_user(),
+                ]
+                .iter()
+                .map(OsString::from)
+                .chain(["-o".into(), hashpower.into()])
+                .collect()
             }
             Program::PythonDict => {
                 let (dict, _) = self.scripts.clone().ok_or("the scripts were not written")?;
@@ -586,7 +600,8 @@ impl Lab<'_> {
         // Closing the pipe ends the Python programs; the servers get SIGTERM.
         drop(conns);
         self.bar.set_message(format!("{label}: stop"));
-        let exited = if pipes { running.wait_exit(Duration::from_secs(60)) } else { running.stop(Duration::from_secs(60)) };
+        let exited =
+            if pipes { running.wait_exit(Duration::from_secs(60)) } else { running.stop(Duration::from_secs(60)) };
         if is_tierswap {
             match std::fs::read_to_string(&stats_path).ok().and_then(|t| serde_json::from_str(&t).ok()) {
                 Some(v) => r.tierswap_stats = v,
@@ -770,7 +785,9 @@ fn run_line(r: &ProgramRun) -> String {
 
 /// Whether the lab found anything wrong: a failed run or a value that came back wrong.
 pub fn any_bad(out: &Outcome) -> bool {
-    out.runs.iter().any(|r| r.error.is_some() || r.phases.iter().any(|p| p.outcome.mismatches + p.warmup_mismatches > 0))
+    out.runs
+        .iter()
+        .any(|r| r.error.is_some() || r.phases.iter().any(|p| p.outcome.mismatches + p.warmup_mismatches > 0))
 }
 
 /// The kernel engines' compressor, for the header.

@@ -95,15 +95,14 @@ pub fn summarize(runs: &[ProgramRun]) -> Vec<Summary> {
                 .filter(|r| r.error.is_none() && r.program == program && r.engine == engine)
                 .flat_map(|r| r.phases.iter().filter(|p| p.distribution.name() == distribution).map(move |p| (r, p)))
                 .collect();
-            let f = |g: &dyn Fn(&(&ProgramRun, &super::PhaseRecord)) -> f64| -> Vec<f64> { rows.iter().map(g).collect() };
+            let f =
+                |g: &dyn Fn(&(&ProgramRun, &super::PhaseRecord)) -> f64| -> Vec<f64> { rows.iter().map(g).collect() };
             let mut per_request = BTreeMap::new();
             for (name, _) in PER_REQUEST_COUNTERS {
                 let xs: Vec<f64> = rows
                     .iter()
                     .filter(|(_, p)| !p.counters.is_empty())
-                    .map(|(_, p)| {
-                        p.counters.get(name).copied().unwrap_or(0) as f64 / p.outcome.requests.max(1) as f64
-                    })
+                    .map(|(_, p)| p.counters.get(name).copied().unwrap_or(0) as f64 / p.outcome.requests.max(1) as f64)
                     .collect();
                 if !xs.is_empty() {
                     per_request.insert(name.to_string(), median(&xs));
@@ -190,7 +189,19 @@ pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &
     }
     s += &format!(
         "\n{:<12} {:<8} {:<22} {:>6} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6} {:>7} {:>7} {:>5}\n",
-        "program", "dist", "engine", "load s", "req/s", "p50 µs", "p99 µs", "p99.9 µs", "÷disk", "÷zswap", "fp MiB", "HWM MiB", "mism"
+        "program",
+        "dist",
+        "engine",
+        "load s",
+        "req/s",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "÷disk",
+        "÷zswap",
+        "fp MiB",
+        "HWM MiB",
+        "mism"
     );
     let mut last = String::new();
     for r in summaries {
@@ -222,7 +233,8 @@ pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &
           compressed pool, which memcg v1 does not charge; unconstrained: VmHWM); HWM: the program's VmHWM;\n\
           mism: values read back wrong or missing (warm-ups included; every value read is compared).\n";
     // The kernel's pool, per program.
-    let pools: Vec<&Summary> = summaries.iter().filter(|r| r.engine == "kernel-zswap" && r.distribution == "uniform").collect();
+    let pools: Vec<&Summary> =
+        summaries.iter().filter(|r| r.engine == "kernel-zswap" && r.distribution == "uniform").collect();
     if !pools.is_empty() {
         s += &format!(
             "\nkernel-zswap's pool ({}; median of the runs' peaks; outside the memcg limit of {} MiB):\n",
@@ -272,7 +284,12 @@ pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &
             cap / fastest.throughput_rps.median.max(1e-9)
         );
         if let Some(c) = constrained.filter(|c| c.engine != fastest.engine) {
-            s += &format!("; {} {:>7.0} req/s: {:.1}×", c.engine, c.throughput_rps.median, cap / c.throughput_rps.median.max(1e-9));
+            s += &format!(
+                "; {} {:>7.0} req/s: {:.1}×",
+                c.engine,
+                c.throughput_rps.median,
+                cap / c.throughput_rps.median.max(1e-9)
+            );
         }
         s += "\n";
     }
@@ -297,7 +314,13 @@ pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &
         s += &format!("retried: {line}\n");
     }
     for r in out.runs.iter().filter(|r| r.error.is_some()) {
-        s += &format!("problem: {} on {} run {}: {}\n", r.program, r.engine, r.run + 1, r.error.as_deref().unwrap_or(""));
+        s += &format!(
+            "problem: {} on {} run {}: {}\n",
+            r.program,
+            r.engine,
+            r.run + 1,
+            r.error.as_deref().unwrap_or("")
+        );
     }
     s += &format!(
         "\nthe lab took {:.0} s ({:.1} min){}\n",
