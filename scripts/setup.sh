@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what tierswap needs on a fresh Debian machine: a C compiler (zstd-sys builds
-# zstd from source), pkg-config, and the swap tools the lab uses; checks the Rust toolchain.
+# zstd from source), pkg-config, the swap tools the lab uses, and the programs `bench programs`
+# runs (redis-server, memcached, python3); checks the Rust toolchain.
 # Idempotent: does nothing when everything is there.
 set -euo pipefail
 
@@ -12,6 +13,8 @@ command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)   # the lab's plots
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)   # the remote tier's tests and lab
 command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
+command -v memcached >/dev/null 2>&1 || need_apt+=(memcached)   # bench programs
+[ -x /usr/bin/python3 ] || need_apt+=(python3)   # bench programs runs Debian's interpreter (sqlite3 is in its stdlib)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: missing ${need_apt[*]}; run as root or install them: apt-get install ${need_apt[*]}" >&2
@@ -21,6 +24,12 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+# The lab starts its own servers: the packages' services (where systemd runs them) stay off.
+if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+  for svc in redis-server memcached; do
+    systemctl is-enabled --quiet "$svc" 2>/dev/null && systemctl disable --now "$svc" >/dev/null 2>&1 || true
+  done
 fi
 
 if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then

@@ -13,6 +13,7 @@ pub mod lab;
 pub mod machine;
 pub mod metadata;
 pub mod plot;
+pub mod programs;
 pub mod progress;
 pub mod redis;
 pub mod report;

@@ -11,7 +11,7 @@ use crate::report::Summary;
 /// The font the plots are drawn with (Debian's fonts-dejavu-core).
 pub const FONT_PATH: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 
-fn register_font() -> Result<(), String> {
+pub(crate) fn register_font() -> Result<(), String> {
     let bytes = std::fs::read(FONT_PATH)
         .map_err(|e| format!("plots need the DejaVu font at {FONT_PATH} ({e}): apt-get install fonts-dejavu-core"))?;
     // The font lives for the whole process.

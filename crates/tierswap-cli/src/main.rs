@@ -225,12 +225,111 @@ enum BenchWhat {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Real programs from Debian — redis-server, memcached, python3 with a dict, python3's
+    /// sqlite3 — each loaded with a reproducible dataset and driven by the lab's own client:
+    /// a fixed number of requests in a uniform and a Zipfian (θ 0.99, scrambled) key
+    /// distribution, every value read back verified, throughput and p50/p99/p99.9 latency,
+    /// under `tierswap run`, in a memcg over the kernel's disk swap or zswap, and
+    /// unconstrained, engines alternating run by run. Reports the kernel's zswap pool (memcg
+    /// v1 does not charge it), the client's headroom, and tierswap's counters per request.
+    /// The kernel engines need root; every setting they touch is put back at the end.
+    Programs(ProgramsArgs),
     /// Bytes of metadata per swapped page, ours and the kernel's.
     Metadata {
         /// Bytes to swap out.
         #[arg(long, default_value = "1G")]
         swapped: String,
     },
+}
+
+/// `tierswap bench programs` flags.
+#[derive(Args)]
+struct ProgramsArgs {
+    /// Programs, comma-separated: redis (GET), redis-mixed (90 % GET / 10 % SET), memcached
+    /// (90/10 get/set, text protocol), python-dict (a dict of bytes, 90/10 lookups/updates over
+    /// a pipe), sqlite (SELECT by primary key through python3's sqlite3, cache_size above the table).
+    #[arg(long, default_value = "redis,redis-mixed,memcached,python-dict,sqlite")]
+    program: String,
+    /// The budget: tierswap run --budget, and the memcg limit of the kernel engines.
+    #[arg(long, default_value = "256M")]
+    budget: String,
+    /// Engines, comma-separated: tierswap, kernel-disk (memcg over a swap file, zswap off),
+    /// kernel-zswap (memcg, zswap on with the machine's compressor), kernel-zram, unconstrained,
+    /// and tierswap variants tierswap:SETTING[:SETTING…] with the settings `tierswap run` takes:
+    /// budget=SIZE, pool-max=SIZE, tiers=zero+pool+file, compressor=NAME, threads=N, [no-]pin.
+    #[arg(long, default_value = "tierswap,kernel-disk,kernel-zswap")]
+    engine: String,
+    /// Rounds of every engine per program (the table shows medians; the order reverses every round).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Timed requests per distribution and run (a tenth more go first as a verified warm-up).
+    #[arg(long, default_value_t = 20_000)]
+    requests: u64,
+    /// Bytes of values loaded (1 KiB each; 1000000K is 1,000,000 keys).
+    #[arg(long, default_value = "1000000K")]
+    dataset: String,
+    /// Also rerun tierswap with its budget at the kernel-zswap total (limit + the median of
+    /// its pool peaks), so tierswap and the kernel compare at equal memory.
+    #[arg(long)]
+    equal_memory: bool,
+    /// Directory for swap files, tierswap's swap file, the sqlite table and logs (a disk filesystem).
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// Write every run (phases, tierswap's counters) and the table's rows as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write one PNG per program (throughput and p99 per engine) into this directory.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+fn bench_programs(a: &ProgramsArgs, progress: bool) -> Result<ExitCode, UserError> {
+    use tierswap_bench::programs;
+    let dataset = size("--dataset", &a.dataset)?;
+    let value_bytes = programs::keys::VALUE_BYTES;
+    let keys = dataset / value_bytes as u64;
+    if keys == 0 {
+        return Err(UserError(format!("--dataset {}: give at least 1K (one value)", a.dataset)));
+    }
+    if a.runs == 0 || a.requests == 0 {
+        return Err(UserError("--runs and --requests must be more than 0".into()));
+    }
+    let exe = std::env::current_exe().map_err(|e| UserError(format!("cannot find this program: {e}")))?;
+    let spec = programs::ProgramsSpec {
+        programs: programs::Program::parse_list(&a.program).map_err(|e| UserError(format!("--program: {e}")))?,
+        engines: programs::launch::parse_engines(&a.engine).map_err(|e| UserError(format!("--engine: {e}")))?,
+        budget_bytes: size("--budget", &a.budget)?,
+        runs: a.runs,
+        requests: a.requests,
+        keys,
+        value_bytes,
+        equal_memory: a.equal_memory,
+        dir: a.dir.clone(),
+        tierswap_bin: exe,
+        progress,
+    };
+    if spec.budget_bytes < 4 << 20 {
+        return Err(UserError(format!("--budget {}: give at least 4M", a.budget)));
+    }
+    lab::install_interrupt_handler();
+    let machine = tierswap_bench::machine::Machine::detect();
+    let out = programs::run(&spec)?;
+    let summaries = programs::report::summarize(&out.runs);
+    print!("{}", programs::report::table(&machine, &spec, &out, &summaries));
+    if let Some(path) = &a.json {
+        let doc = programs::report::document(&machine, &spec, &out, &summaries);
+        let text = serde_json::to_string_pretty(&doc)?;
+        std::fs::write(path, text).map_err(|e| UserError(format!("cannot write {}: {e}", path.display())))?;
+    }
+    if let Some(dir) = &a.plot {
+        let files = programs::plot::write_plots(dir, &programs::report::header(&spec), &summaries)?;
+        eprintln!("tierswap: wrote {} plots to {}", files.len(), dir.display());
+    }
+    if out.interrupted {
+        eprintln!("tierswap: interrupted; the table shows the runs that completed");
+        return Ok(ExitCode::from(130));
+    }
+    Ok(if programs::any_bad(&out) { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
 /// A user error: one line, exit code 2.
@@ -315,6 +414,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
             let bad = all.iter().any(|r| r.error.is_some() || r.mismatches > 0 || r.bgsave_ok == Some(false));
             return Ok(if bad { ExitCode::FAILURE } else { ExitCode::SUCCESS });
         }
+        Some(BenchWhat::Programs(a)) => return bench_programs(a, progress),
         Some(BenchWhat::Metadata { swapped }) => {
             let bytes = size("--swapped", swapped)?;
             if bytes == 0 {
