@@ -10,6 +10,10 @@ pub const MIN_BUDGET_BYTES: u64 = 4 << 20;
 
 /// Default largest swap-in: 64 KiB, the reference RFC's order (000).
 pub const DEFAULT_SWAPIN_MAX_PAGES: u32 = 16;
+/// Default first large swap-in of a stream, in pages (8 KiB).
+pub const DEFAULT_SWAPIN_START_PAGES: u32 = 2;
+/// Default share of present pages active pages may hold before reclaim demotes them (0: off).
+pub const DEFAULT_ACTIVE_PROTECT_PCT: u32 = 0;
 /// Default adaptive spin of the fault threads, µs (see `PagerConfig::fault_spin_us`).
 pub const DEFAULT_FAULT_SPIN_US: u32 = 0;
 /// Default nice value of the reclaim and writeback threads (see
@@ -283,6 +287,24 @@ pub struct PagerConfig {
     pub swapin_policy: SwapinPolicy,
     /// Largest swap-in, in pages: a power of two from 1 (4 KiB) to 512 (2 MiB); default 16 (64 KiB).
     pub swapin_max_pages: u32,
+    /// A stream's first large swap-in, in pages (a power of two, 1 to `swapin_max_pages`;
+    /// default 2): a fault right after a lone fault's page brings this many, and each
+    /// fault that continues the stream twice as many, up to `swapin_max_pages`. A program
+    /// reading objects that straddle a page boundary at random (a 1 KiB value of a server's
+    /// heap) continues a "stream" of two pages: starting the window at 64 KiB brought 15
+    /// pages nobody wanted with such a fault (`policy/admission.rs`).
+    pub swapin_start_pages: u32,
+    /// Active pages (a page refaulted from the inactive list, or swapped in within a
+    /// budget's worth of evictions of its eviction: the workingset) stay present, passed
+    /// over by reclaim's hand for as long as they are at most this percentage of the
+    /// present pages it sees; above it, the hand demotes those it meets (they get one more
+    /// round). 0: every active page gets one more round only. With it on, a fault on a
+    /// staged page activates that page alone, not the neighbours fault-around brings back
+    /// with it. A server's small hot objects (a hash table, its entries, keys) are touched
+    /// at random every few seconds while a stream of cold values goes out: passed over for
+    /// one round only, they were staged and evicted between their touches, and each
+    /// request paid for them again.
+    pub active_protect_pct: u32,
     /// Under the locality policy, learn whether the program reads whole 64 KiB blocks when
     /// it faults on one out of order: if lone faults are mostly followed by a fault on the
     /// next page, a lone fault brings its whole block in (one fault a block instead of two),
@@ -473,6 +495,8 @@ impl Default for PagerConfig {
             file_read_next_unit: true,
             swapin_policy: SwapinPolicy::default(),
             swapin_max_pages: DEFAULT_SWAPIN_MAX_PAGES,
+            swapin_start_pages: DEFAULT_SWAPIN_START_PAGES,
+            active_protect_pct: DEFAULT_ACTIVE_PROTECT_PCT,
             swapin_learn_blocks: true,
             fault_around: true,
             fault_around_max_pages: DEFAULT_FAULT_AROUND_MAX_PAGES,
@@ -575,6 +599,13 @@ impl PagerConfig {
         if !m.is_power_of_two() || m > MAX_SWAPIN_PAGES {
             return Err(ConfigError::SwapinMax(m as u64 * crate::page::PAGE_SIZE as u64));
         }
+        if self.active_protect_pct > 100 {
+            return Err(ConfigError::ActiveProtect(self.active_protect_pct));
+        }
+        let st = self.swapin_start_pages;
+        if !st.is_power_of_two() || st > MAX_SWAPIN_PAGES {
+            return Err(ConfigError::SwapinStart(st as u64 * crate::page::PAGE_SIZE as u64));
+        }
         if !(0..=19).contains(&self.background_nice) {
             return Err(ConfigError::BackgroundNice(self.background_nice));
         }
@@ -609,6 +640,12 @@ pub enum ConfigError {
     /// A largest swap-in that is not a power of two from 4 KiB to 2 MiB.
     #[error("largest swap-in of {0} bytes: give a power of two from 4K to 2M (e.g. --swapin-max 64K)")]
     SwapinMax(u64),
+    /// The active pages' share is over 100 %.
+    #[error("active pages' share of {0} %: give 0 (off) to 100")]
+    ActiveProtect(u32),
+    /// The first large swap-in of a stream is not a power of two up to 2 MiB.
+    #[error("first swap-in of a stream of {0} bytes: give a power of two from 4K to 2M (e.g. swapin-start=8K)")]
+    SwapinStart(u64),
     /// An unknown swap-in policy.
     #[error("unknown swap-in policy '{0}': use locality, order0 or always")]
     Policy(String),

@@ -55,7 +55,7 @@ pub(super) fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) -> Option<
         while i < block_end && locked[i - block_start] {
             i += 1;
         }
-        moved_pages += move_back(s, r, run_start, i);
+        moved_pages += move_back(s, r, run_start, i, idx);
     }
     s.acct.staged_pages.fetch_sub(moved_pages, Ordering::Relaxed);
     s.acct.present_pages.fetch_add(moved_pages, Ordering::Relaxed);
@@ -65,8 +65,11 @@ pub(super) fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) -> Option<
 }
 
 /// Moves locked staged pages `[from, to)` from the mirror back into the region and unlocks
-/// them as present (active). Returns the number of pages moved or zero-filled.
-fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
+/// them as present: active, or (with `active_protect_pct`) only the faulting page `idx`,
+/// so that fault-around does not activate neighbours nobody touched. Returns the number of
+/// pages moved or zero-filled.
+fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize, idx: usize) -> i64 {
+    let all_active = s.config.active_protect_pct == 0;
     let mut i = from;
     let mut n = 0;
     let mut again = 0;
@@ -155,7 +158,7 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize) -> i64 {
             if let Some(kept) = old.kept_slot() {
                 put_slot(s, kept);
             }
-            r.ptes.unlock(k, old, Pte::present().with_active(true));
+            r.ptes.unlock(k, old, Pte::present().with_active(all_active || k == idx));
         }
         if ra_hits > 0 {
             r.ra.hit(ra_hits);

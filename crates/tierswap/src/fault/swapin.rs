@@ -15,7 +15,7 @@ use crate::mm::swap_io::{read_entry, ReadFail, ReadIo};
 use crate::mm::{RegionInner, Shared};
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
 use crate::pagetable::{Pte, PteState};
-use crate::policy::admission::range_of;
+use crate::policy::admission::{range_of, Limits};
 use crate::swap::{SwapEntry, Tag};
 use crate::sys::fatal;
 use crate::uffd;
@@ -59,9 +59,10 @@ struct SwapIn<'a> {
     idx: usize,
     old: Pte,
     write: bool,
-    /// The range `[first, end)` of pages that may come in.
+    /// The range `[first, end)` of pages that may come in, and the window admission gave.
     first: usize,
     end: usize,
+    window: u32,
 }
 
 /// Serves a fault on swapped page `idx` (its pte locked, `old`): admission picks how many
@@ -78,8 +79,8 @@ pub(super) fn swap_in(
     write: bool,
     scratch: &mut Scratch,
 ) -> (Option<Tag>, usize, usize) {
-    let (first, end) = plan_window(s, r, idx);
-    let si = SwapIn { s, r, idx, old, write, first, end };
+    let (first, end, window) = plan_window(s, r, idx);
+    let si = SwapIn { s, r, idx, old, write, first, end, window };
     let Scratch { io, range, plan, in_thread, .. } = scratch;
     // The file copy of the fault threads, shared: the next fault of a stream is often
     // served by the other thread. Taken only if free (else this thread's own); signal
@@ -101,12 +102,18 @@ pub(super) fn swap_in(
     (from_tag, first, end - first)
 }
 
-/// The range a fault on page `idx` brings in, as `[first, end)`: what admission decides
+/// The range a fault on page `idx` brings in, as `[first, end)`, and its window in pages: what admission decides
 /// (one page, the 64 KiB block, or a larger window where the region streams), a large
 /// window narrowed to the block over memory that is mostly in already.
-fn plan_window(s: &Shared, r: &RegionInner, idx: usize) -> (usize, usize) {
+fn plan_window(s: &Shared, r: &RegionInner, idx: usize) -> (usize, usize, u32) {
     let c = &s.config;
-    let d = r.locality.decide(idx, r.hint, c.swapin_policy, c.swapin_max_pages, c.swapin_learn_blocks);
+    let limits = Limits {
+        policy: c.swapin_policy,
+        max_pages: c.swapin_max_pages,
+        start_pages: c.swapin_start_pages,
+        learn: c.swapin_learn_blocks,
+    };
+    let d = r.locality.decide(idx, r.hint, limits);
     if d.vetoed {
         s.counters.swpin_large_veto.fetch_add(1, Ordering::Relaxed);
     }
@@ -114,11 +121,8 @@ fn plan_window(s: &Shared, r: &RegionInner, idx: usize) -> (usize, usize) {
     if pages as usize > BLOCK_PAGES && !mostly_swapped(s, r, range_of(idx, pages, r.n_pages)) {
         pages = BLOCK_PAGES as u32;
     }
-    if pages > 1 {
-        range_of(idx, pages, r.n_pages)
-    } else {
-        (idx, idx + 1)
-    }
+    let (first, end) = if pages > 1 { range_of(idx, pages, r.n_pages) } else { (idx, idx + 1) };
+    (first, end, pages)
 }
 
 impl SwapIn<'_> {
@@ -388,7 +392,7 @@ impl SwapIn<'_> {
         while hi < end && plan[hi - first].pte.is_some() && plan[hi - first].kind != Kind::Skip {
             hi += 1;
         }
-        r.locality.note_swapin(hi);
+        r.locality.note_swapin(hi, self.window);
         from_tag
     }
 }

@@ -39,6 +39,8 @@ const LANE: usize = 0;
 /// direct reclaimers: two batches (2 MiB). Not more: a list filled to its target holds
 /// pages a sparse refault touches, and each such fault brings back its staged block whole.
 const STAGE_RESERVE_PAGES: i64 = (2 * BATCH_BLOCKS * BLOCK_PAGES) as i64;
+/// Present pages the hand meets between looks at the active pages' share.
+const ACTIVE_WINDOW_PAGES: u64 = 4096;
 /// Blocks deactivated together, with one move per run of present pages (1 MiB).
 const SPAN_BLOCKS: usize = 16;
 /// Evicted blocks whose mirror copies are dropped together, with one process_madvise.
@@ -65,6 +67,11 @@ struct Reclaim {
     warned_write_error: bool,
     /// Staged pages reclaim aims to keep (the inactive list's size), see [`inactive_target`].
     inactive_target: i64,
+    /// Present pages the hand met since its last look at the active share, and how many
+    /// of them were active (`stage.rs`, `age_active`).
+    active_seen: (u64, u64),
+    /// Active pages are within their share: the hand passes them over, bits kept.
+    protect_active: bool,
     /// workingset_activate and pgsteal at the last target update.
     last_activate: u64,
     last_steal: u64,
@@ -155,6 +162,8 @@ impl Reclaim {
             last_metadata: Instant::now(),
             warned_write_error: false,
             inactive_target: i64::MAX,
+            active_seen: (0, 0),
+            protect_active: false,
             last_activate: 0,
             last_steal: 0,
             windows: [None; 2],

@@ -7,7 +7,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Reclaim, CHUNK_BLOCKS, SPAN_BLOCKS};
+use super::{Reclaim, ACTIVE_WINDOW_PAGES, CHUNK_BLOCKS, SPAN_BLOCKS};
 use crate::mm::{RegionInner, Shared};
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
 use crate::pagetable::{Pte, PteState};
@@ -239,17 +239,15 @@ impl Reclaim {
         let mut locked = [false; SPAN_BLOCKS * BLOCK_PAGES];
         let mut any = false;
         for i in start..end {
-            // An active page (refaulted from staging) gets one more round: clear the bit.
             let p = r.ptes.load(i);
             if p.is_poisoned() {
                 // A poison marker holds no data and cannot be moved: nothing to stage.
                 continue;
             }
-            if !force && p.state() == PteState::Present && p.active() && !p.locked() {
-                if let Some(old) = r.ptes.try_lock_in(i, PteState::Present) {
-                    r.ptes.unlock(i, old, old.aged_hot());
+            if !force && p.state() == PteState::Present && !p.locked() {
+                if self.age_active(r, i, p) {
+                    continue;
                 }
-                continue;
             }
             if force {
                 // Forced eviction waits out a fault in flight: the program may already run
@@ -289,6 +287,32 @@ impl Reclaim {
         self.s.acct.present_pages.fetch_sub(staged as i64, Ordering::Relaxed);
         self.s.acct.staged_pages.fetch_add(staged as i64, Ordering::Relaxed);
         staged
+    }
+
+    /// Reclaim's hand meets present page `i` (pte `p`, unlocked when loaded): an active page
+    /// is passed over, keeping its bit while active pages are within their share of the
+    /// present pages seen (`PagerConfig::active_protect_pct`), or demoted for one more
+    /// round (its bit cleared) when they are over it or protection is off. Returns whether
+    /// the page is passed over.
+    fn age_active(&mut self, r: &RegionInner, i: usize, p: Pte) -> bool {
+        let pct = self.s.config.active_protect_pct as u64;
+        let seen = &mut self.active_seen;
+        seen.0 += 1;
+        seen.1 += p.active() as u64;
+        if seen.0 >= ACTIVE_WINDOW_PAGES {
+            // Over the share: demote what the hand meets until the next look.
+            self.protect_active = pct > 0 && seen.1 * 100 <= seen.0 * pct;
+            *seen = (0, 0);
+        }
+        if !p.active() {
+            return false;
+        }
+        if !self.protect_active {
+            if let Some(old) = r.ptes.try_lock_in(i, PteState::Present) {
+                r.ptes.unlock(i, old, old.aged_hot());
+            }
+        }
+        true
     }
 
     /// The staging window for regions of this registration mode (see [`map_window`]).
