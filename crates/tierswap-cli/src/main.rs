@@ -28,6 +28,8 @@ enum Command {
     /// The benchmark lab: workloads against tierswap and the kernel's zswap, zram and disk swap.
     Bench(Bench),
     /// Run a program with its anonymous memory under a budget (LD_PRELOAD shim).
+    // The doc comment above would clear RunArgs' long text: give it here.
+    #[command(long_about = run::long_about())]
     Run(run::RunArgs),
     /// Live counters of running pagers: a list, or one process's table / JSON / Prometheus.
     Stat(stat::StatArgs),
@@ -255,8 +257,8 @@ struct ProgramsArgs {
     budget: String,
     /// Engines, comma-separated: tierswap, kernel-disk (memcg over a swap file, zswap off),
     /// kernel-zswap (memcg, zswap on with the machine's compressor), kernel-zram, unconstrained,
-    /// and tierswap variants tierswap:SETTING[:SETTING…] with the settings `tierswap run` takes:
-    /// budget=SIZE, pool-max=SIZE, tiers=zero+pool+file, compressor=NAME, threads=N, [no-]pin.
+    /// and tierswap variants tierswap:SETTING[:SETTING…] with any setting of `tierswap bench
+    /// --engine` (budget=SIZE becomes `tierswap run --budget`, the rest `tierswap run --set`).
     #[arg(long, default_value = "tierswap,kernel-disk,kernel-zswap")]
     engine: String,
     /// Rounds of every engine per program (the table shows medians; the order reverses every round).

@@ -1,7 +1,8 @@
 //! `tierswap run`: runs an unmodified program with its anonymous memory under a budget.
 //!
 //! Checks the flags, finds `libtierswap_preload.so`, puts it in `LD_PRELOAD` with the
-//! settings in `TIERSWAP_*` variables (the shim reads them in its constructor) and execs
+//! settings in `TIERSWAP_*` variables (the shim reads them in its constructor; `--set`'s
+//! engine settings, checked here with the engine's parser, in `TIERSWAP_SETTINGS`) and execs
 //! the program: the process *is* the program, so its exit status and signals reach the
 //! caller unchanged.
 
@@ -11,11 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
+use tierswap::config::Setting;
 use tierswap::{parse_size, PagerConfig, Tiers};
 
 /// The variables the shim reads, all set (or removed) by `run` so a stale one in the
 /// caller's environment cannot change the run.
-const OWNED_VARS: [&str; 12] = [
+const OWNED_VARS: [&str; 13] = [
     "TIERSWAP_BUDGET",
     "TIERSWAP_COMPRESSOR",
     "TIERSWAP_TIERS",
@@ -28,6 +30,7 @@ const OWNED_VARS: [&str; 12] = [
     "TIERSWAP_FAULT_THREADS",
     "TIERSWAP_PIN",
     "TIERSWAP_FAULT_MODE",
+    "TIERSWAP_SETTINGS",
 ];
 
 /// Most fault threads `--fault-threads` takes: more only cost memory and wake-ups.
@@ -70,9 +73,23 @@ Without --strict such a program runs unmanaged after one warning on stderr.
 The shim is libtierswap_preload.so beside the tierswap binary, or the file named by \
 TIERSWAP_PRELOAD.";
 
-/// `tierswap run` flags.
+/// `run --help`'s text: [`LONG_ABOUT`] and what `--set` takes.
+pub fn long_about() -> String {
+    format!(
+        "{LONG_ABOUT}
+
+Engine settings (--set): the settings a lab variant takes (tierswap bench --engine \
+tierswap:SETTING…), comma- or colon-separated, e.g. --set no-follow,swapin-max=16K; --set may \
+be given more than once. run checks them before it starts PROG and the pager applies them \
+after the flags, in order: a setting that repeats a flag (budget=, pool-max=, tiers=, \
+compressor=, threads=, [no-]pin, fault=) wins over it, and of two the last wins. Settings: \
+{}.",
+        tierswap::config::SETTINGS
+    )
+}
+
+/// `tierswap run` flags (`--help`'s long text: [`long_about`]).
 #[derive(Args)]
-#[command(long_about = LONG_ABOUT)]
 pub struct RunArgs {
     /// Memory budget: managed pages present + staged + the pool + metadata stay under it.
     #[arg(long, default_value = "256M")]
@@ -113,6 +130,11 @@ pub struct RunArgs {
     /// program that moves its threads to other CPUs later may want them free.
     #[arg(long)]
     no_pin: bool,
+    /// Engine settings, comma- or colon-separated, e.g. no-follow,swapin-max=16K: the
+    /// settings of a lab variant (tierswap:SETTING…), applied after the other flags
+    /// (a setting wins over the flag it repeats; --help lists them).
+    #[arg(long, value_name = "SETTINGS")]
+    set: Vec<String>,
     /// Exit 2 instead of running unmanaged when the pager cannot start.
     #[arg(long)]
     strict: bool,
@@ -204,6 +226,14 @@ fn prepare(a: &RunArgs) -> Result<std::process::Command, String> {
         ..PagerConfig::default()
     };
     cfg.validate().map_err(|e| format!("--budget '{}': {e}", a.budget).replace(": budget ", ": "))?;
+    let settings = a.set.iter().map(|s| s.trim()).collect::<Vec<_>>().join(",");
+    if !a.set.is_empty() {
+        let mut with_settings = cfg.clone();
+        for s in Setting::parse_list(&settings).map_err(|e| format!("--set '{settings}': {e}"))? {
+            s.apply(&mut with_settings);
+        }
+        with_settings.validate().map_err(|e| format!("--set '{settings}': {e}"))?;
+    }
     let Some((prog, args)) = a.command.split_first() else {
         return Err("no program: give one after --, e.g. tierswap run --budget 512M -- python3 app.py".into());
     };
@@ -243,6 +273,9 @@ fn prepare(a: &RunArgs) -> Result<std::process::Command, String> {
         );
     if let Some(p) = pool_max_bytes {
         cmd.env("TIERSWAP_POOL_MAX", p.to_string());
+    }
+    if !a.set.is_empty() {
+        cmd.env("TIERSWAP_SETTINGS", &settings);
     }
     if let Some(d) = &a.swap_dir {
         cmd.env("TIERSWAP_SWAP_DIR", d);

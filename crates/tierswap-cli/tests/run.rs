@@ -240,6 +240,103 @@ fn signal_mode_serves_faults_with_the_default_compressor() {
     assert_eq!(common::counter(&s, "faults_in_thread"), common::counter(&s, "faults"));
 }
 
+/// A bad `--set` is one line naming the setting and the settings there are, exit 2, and the
+/// program never starts; the shim refuses a bad TIERSWAP_SETTINGS set by hand (without
+/// `tierswap run`) as it refuses its other variables: one warning and the program runs
+/// unmanaged, or exit 2 before `main` under TIERSWAP_STRICT=1.
+#[test]
+fn bad_settings_are_one_line_and_exit_2() {
+    let dir = TestDir::new("badsettings");
+    let marker = dir.path("ran");
+    let prog = dir.path("prog.sh");
+    std::fs::write(&prog, format!("#!/bin/sh\ntouch '{}'\n", marker.display())).unwrap();
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let p = prog.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["--set", "polcy=order0", "--", p], "--set 'polcy=order0': unknown setting 'polcy': settings are policy="),
+        (vec!["--set", "no-follow,swapin-max=3K", "--", p], "swapin-max=3K is not a power of two from 4K to 2M"),
+        (vec!["--set", "no-follow", "--set", "policy=fast", "--", p], "--set 'no-follow,policy=fast': policy 'fast'"),
+        (vec!["--set", "no-follow=1", "--", p], "setting 'no-follow' is a switch and takes no value"),
+        (vec!["--set", "no-follow,,pin", "--", p], "an empty setting"),
+        (vec!["--set", "", "--", p], "an empty setting"),
+        (vec!["--set", "budget=2M", "--", p], "--set 'budget=2M': budget 2097152 bytes is below the minimum of 4M"),
+        (vec!["--set", "tiers=zero", "--", p], "nowhere to store a page"),
+        (vec!["--set"], "--set"),
+    ] {
+        let mut cmd = Command::new(tierswap_bin());
+        cmd.arg("run").args(&args).env("TIERSWAP_PRELOAD", preload());
+        let ran = run_to_end(cmd);
+        assert_eq!(ran.status.code(), Some(2), "{args:?}: {}", ran.describe());
+        assert!(ran.stdout.is_empty(), "{args:?}: nothing on stdout: {}", ran.describe());
+        assert_eq!(ran.stderr.lines().count(), 1, "{args:?}: exactly one line: {}", ran.describe());
+        assert!(ran.stderr.starts_with("tierswap"), "{args:?}: {}", ran.describe());
+        assert!(ran.stderr.contains(needle), "{args:?}: expected '{needle}' in: {}", ran.describe());
+        assert!(!marker.exists(), "{args:?}: the program must not run");
+    }
+    let ran = run_to_end(tierswap_run(&["--budget", "8M", "--set", "no-follow:swapin-max=16K"], &prog, &[]));
+    assert!(ran.status.success() && marker.exists(), "good settings run the program: {}", ran.describe());
+
+    let status = compile(&dir, "status");
+    for strict in [false, true] {
+        let mut cmd = Command::new(&status);
+        cmd.arg("fill-and-check").env("LD_PRELOAD", preload()).env("TIERSWAP_SETTINGS", "no-follow,polcy=order0");
+        if strict {
+            cmd.env("TIERSWAP_STRICT", "1");
+        }
+        let ran = run_to_end(cmd);
+        assert_eq!(ran.stderr.lines().count(), 1, "strict {strict}: one line: {}", ran.describe());
+        assert!(
+            ran.stderr.contains("TIERSWAP_SETTINGS=no-follow,polcy=order0: unknown setting 'polcy': settings are"),
+            "strict {strict}: {}",
+            ran.describe()
+        );
+        if strict {
+            assert_eq!(ran.status.code(), Some(2), "{}", ran.describe());
+            assert!(ran.stdout.is_empty(), "the program's main never ran: {}", ran.describe());
+        } else {
+            assert!(ran.status.success() && ran.stdout.contains("status ok"), "{}", ran.describe());
+            assert!(ran.stderr.starts_with("tierswap: not managing the memory of status"), "{}", ran.describe());
+        }
+    }
+}
+
+/// `--set` reaches the pager, after the flags: a program that reads 16 MiB back in order
+/// under 8 MiB gets large swap-ins by default and none with `swapin-max=4K`, and a
+/// `budget=` setting wins over `--budget`; every byte is right either way. `--help` lists
+/// the settings.
+#[test]
+fn settings_reach_the_pager() {
+    let dir = TestDir::new("settings");
+    let prog = compile(&dir, "status");
+    let run = |name: &str, flags: &[&str]| {
+        let st = dir.path(&format!("stats-{name}.json"));
+        let mut all = vec!["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()];
+        all.extend_from_slice(flags);
+        let ran = run_to_end(tierswap_run(&all, &prog, &["fill-and-check"]));
+        assert!(ran.status.success() && ran.stdout.contains("status ok"), "{name}: {}", ran.describe());
+        assert!(ran.stderr.is_empty(), "{name}: {}", ran.describe());
+        stats(&st)
+    };
+    let back = |s: &serde_json::Value| common::counter(s, "zswpin") + common::counter(s, "pswpin");
+    let plain = run("plain", &[]);
+    assert!(back(&plain) > 1000, "pages came back from swap: {}", back(&plain));
+    assert!(common::counter(&plain, "swpin_large") > 0, "an in-order refault swaps in large by default");
+    assert_eq!(common::gauge(&plain, "budget"), 8 << 20);
+
+    let set = run("set", &["--set", "no-follow,swapin-max=4K", "--set", "budget=10M"]);
+    assert!(back(&set) > 1000, "pages came back from swap: {}", back(&set));
+    assert_eq!(common::counter(&set, "swpin_large"), 0, "swapin-max=4K: one page per swap-in");
+    assert_eq!(common::counter(&set, "swpin_large_pages"), 0);
+    assert_eq!(common::gauge(&set, "budget"), 10 << 20, "budget= wins over --budget");
+
+    let out = Command::new(tierswap_bin()).args(["run", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{help}");
+    for needle in ["--set <SETTINGS>", "no-follow,swapin-max=16K", "[no-]follow", "swapin-max=SIZE", "wins over it"] {
+        assert!(help.contains(needle), "run --help lacks {needle}:\n{help}");
+    }
+}
+
 /// As uid 65534 with vm.unprivileged_userfaultfd=0 and /dev/userfaultfd 0600 the pager cannot
 /// start: one warning and the program runs unmanaged (and correctly); --strict: exit 2
 /// before the program's main.

@@ -49,6 +49,7 @@ pub mod raw;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+use tierswap::config::Setting;
 use tierswap::{parse_size, Hint, Pager, PagerConfig, Tiers};
 
 /// The shim's life: not started, serving, in a fork child, or passing everything through.
@@ -131,7 +132,8 @@ pub(crate) fn is_managed(addr: usize) -> bool {
     PAGER.get().is_some_and(|p| p.mapping_of(addr).is_some())
 }
 
-/// The pager's configuration and the shim's settings from the `TIERSWAP_*` environment.
+/// The pager's configuration and the shim's settings from the `TIERSWAP_*` environment;
+/// `TIERSWAP_SETTINGS` (engine settings, [`tierswap::config::Setting`]) is applied last.
 fn config_from_env() -> Result<(PagerConfig, Settings), String> {
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
     let size = |name: &str| -> Result<Option<u64>, String> {
@@ -165,6 +167,12 @@ fn config_from_env() -> Result<(PagerConfig, Settings), String> {
     if let Some(m) = var("TIERSWAP_FAULT_MODE") {
         cfg.fault_mode = m.parse().map_err(|e| format!("TIERSWAP_FAULT_MODE={m}: {e}"))?;
     }
+    // Engine settings last (`tierswap run --set`): one that repeats a variable above wins.
+    if let Some(list) = var("TIERSWAP_SETTINGS") {
+        for s in Setting::parse_list(&list).map_err(|e| format!("TIERSWAP_SETTINGS={list}: {e}"))? {
+            s.apply(&mut cfg);
+        }
+    }
     cfg.validate().map_err(|e| e.to_string())?;
     if let Some(m) = size("TIERSWAP_MIN_SIZE")? {
         if m == 0 {
@@ -197,12 +205,16 @@ extern "C" fn init() {
         Err(reason) => return refuse(&reason),
     };
     let summary = format!(
-        "budget {} MiB, tiers {}{}{}, min size {} KiB",
+        "budget {} MiB, tiers {}{}{}, min size {} KiB{}",
         cfg.budget_bytes >> 20,
         if cfg.tiers.zero { "zero," } else { "" },
         if cfg.tiers.pool { "pool" } else { "" },
         if cfg.tiers.file { ",file" } else { "" },
-        MIN_SIZE.load(Ordering::Relaxed) >> 10
+        MIN_SIZE.load(Ordering::Relaxed) >> 10,
+        std::env::var("TIERSWAP_SETTINGS")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .map_or(String::new(), |v| format!(", settings {v}"))
     );
     // The descriptors the pager and its control socket open are kept open (see fds).
     let fds_before = fds::open_fds();

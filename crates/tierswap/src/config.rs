@@ -694,6 +694,498 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
     v.checked_mul(1u64 << shift).ok_or_else(err)
 }
 
+/// The engine settings a lab variant (`tierswap bench --engine tierswap:SETTING…`) or
+/// `tierswap run --set` may change, as they are spelled (for help and error messages).
+pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+
+/// The largest stride prefetch window a setting may ask for, in pages.
+const MAX_SETTING_PREFETCH_PAGES: u32 = 1024;
+/// The most fault threads `threads=N` takes.
+const MAX_SETTING_FAULT_THREADS: usize = 64;
+/// The longest adaptive spin `spin=US` takes, µs.
+const MAX_SETTING_SPIN_US: u32 = 100_000;
+
+/// One engine setting: a change to one field of a [`PagerConfig`], parsed from its text
+/// (`no-follow`, `swapin-max=16K`, …; [`SETTINGS`] lists them). The seed lab's variants
+/// (`tierswap bench --engine tierswap:SETTING…`), the programs lab and `tierswap run --set`
+/// (the shim's `TIERSWAP_SETTINGS`) all read settings here, so a policy compared in one lab
+/// is spelled and applied the same way in the other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setting {
+    /// `policy=…`: how a fault picks the size of a swap-in.
+    Policy(SwapinPolicy),
+    /// `swapin-max=SIZE`: largest swap-in, in pages.
+    SwapinMaxPages(u32),
+    /// `readahead=SIZE`: cap of the disk readahead window, in pages (1: off).
+    ReadaheadMaxPages(u32),
+    /// `prefetch=N` / `no-prefetch`: stride prefetch's largest window, in pages (0: off).
+    PrefetchMaxPages(u32),
+    /// `fault-around` / `no-fault-around`.
+    FaultAround(bool),
+    /// `fault-around-max=SIZE`: first-touch fault-around's largest window, in pages.
+    FaultAroundMaxPages(u32),
+    /// `workingset` / `no-workingset`.
+    Workingset(bool),
+    /// `keep-clean` / `no-keep-clean`.
+    KeepClean(bool),
+    /// `pin` / `no-pin`: one fault thread pinned to each CPU.
+    Pin(bool),
+    /// `idle-bg` / `no-idle-bg`: the reclaim and writeback threads under SCHED_IDLE.
+    IdleBackground(bool),
+    /// `batch-release` / `no-batch-release`: evicted blocks dropped 8 at a time.
+    BatchRelease(bool),
+    /// `batch-stage` / `no-batch-stage`: up to 16 blocks of a 2 MiB chunk staged per move.
+    BatchStage(bool),
+    /// `reread-to-pool` / `no-reread-to-pool`: a clean page read back from its file slot a
+    /// second time gives the slot up, so its next eviction stores it in the pool.
+    RereadToPool(bool),
+    /// `pool-adapt` / `no-pool-adapt`: the pool limit follows the workload between half and
+    /// five eighths of the budget.
+    PoolAdapt(bool),
+    /// `learn-blocks` / `no-learn-blocks`: a lone fault brings its block in whole once
+    /// blocks are seen read whole.
+    LearnBlocks(bool),
+    /// `direct-reclaim` / `no-direct-reclaim`: fault threads evict while they wait for room.
+    DirectReclaim(bool),
+    /// `stage-ahead` / `no-stage-ahead`: the reclaim thread keeps 2 MiB staged ahead of its
+    /// own eviction, for direct reclaimers to evict from.
+    StageAhead(bool),
+    /// `read-next-unit` / `no-read-next-unit`: whole-unit file reads take the next unit too.
+    ReadNextUnit(bool),
+    /// `spin=US`: the fault threads' adaptive spin.
+    SpinUs(u32),
+    /// `follow` / `no-follow`: one fault thread polls, the one on the program's CPU.
+    Follow(bool),
+    /// `throttle-headroom` / `no-throttle-headroom`: reclaim evicts on to its low watermark
+    /// only while faults wait for room (else after any fault).
+    ThrottleHeadroom(bool),
+    /// `threads=N`: this many fault threads (0: one per CPU).
+    FaultThreads(usize),
+    /// `nice=N`: the reclaim and writeback threads' nice value.
+    Nice(i32),
+    /// `encrypt` / `no-encrypt`.
+    Encrypt(bool),
+    /// `tiers=zero+pool+file`: these local tiers and no remote tier (a lab runs the remote
+    /// and the file tier side by side this way).
+    LocalTiers(Tiers),
+    /// `fault=thread|signal`: who serves a fault.
+    Fault(FaultMode),
+    /// `compressor=…`: the pool's compressor.
+    Compressor(Compressor),
+    /// `recompress=…`: the codec cold pool objects are recompressed with, or none.
+    Recompress(Option<Compressor>),
+    /// `budget=SIZE`: the budget, in bytes.
+    Budget(u64),
+    /// `pool-max=SIZE`: the pool limit, in bytes.
+    PoolMax(u64),
+}
+
+impl Setting {
+    /// Writes this setting into `config`.
+    pub fn apply(self, config: &mut PagerConfig) {
+        match self {
+            Setting::Policy(p) => config.swapin_policy = p,
+            Setting::SwapinMaxPages(n) => config.swapin_max_pages = n,
+            Setting::ReadaheadMaxPages(n) => config.readahead_max_pages = n,
+            Setting::PrefetchMaxPages(n) => config.stride_prefetch_max_pages = n,
+            Setting::FaultAround(on) => config.fault_around = on,
+            Setting::FaultAroundMaxPages(n) => config.fault_around_max_pages = n,
+            Setting::Workingset(on) => config.workingset = on,
+            Setting::KeepClean(on) => config.keep_clean = on,
+            Setting::Encrypt(on) => config.encrypt = on,
+            Setting::Pin(on) => config.fault_pin = on,
+            Setting::IdleBackground(on) => config.background_idle = on,
+            Setting::BatchRelease(on) => config.batch_release = on,
+            Setting::BatchStage(on) => config.batch_stage = on,
+            Setting::RereadToPool(on) => config.reread_to_pool = on,
+            Setting::PoolAdapt(on) => config.pool_adapt = on,
+            Setting::LearnBlocks(on) => config.swapin_learn_blocks = on,
+            Setting::DirectReclaim(on) => config.direct_reclaim = on,
+            Setting::StageAhead(on) => config.stage_ahead = on,
+            Setting::ReadNextUnit(on) => config.file_read_next_unit = on,
+            Setting::SpinUs(us) => config.fault_spin_us = us,
+            Setting::FaultThreads(n) => config.fault_threads = n,
+            Setting::Follow(on) => config.fault_follow = on,
+            Setting::ThrottleHeadroom(on) => config.throttle_headroom = on,
+            Setting::Nice(n) => config.background_nice = n,
+            Setting::LocalTiers(t) => {
+                config.tiers = t;
+                config.remote = None;
+            }
+            Setting::Fault(m) => config.fault_mode = m,
+            Setting::Compressor(c) => config.compressor = c,
+            Setting::Recompress(c) => config.recompress = c,
+            Setting::Budget(b) => config.budget_bytes = b,
+            Setting::PoolMax(b) => config.pool_max_bytes = Some(b),
+        }
+    }
+
+    /// Parses a list of settings, `a:b:c` (a lab variant's form) or `a,b,c` (`tierswap
+    /// run --set`'s), either separator between any two. An empty entry is an error.
+    pub fn parse_list(list: &str) -> Result<Vec<Setting>, String> {
+        list.split([':', ',']).map(Setting::parse).collect()
+    }
+
+    /// Parses one `key[=value]`; the error is one line naming the bad key or value and what
+    /// is valid.
+    pub fn parse(setting: &str) -> Result<Setting, String> {
+        let (key, value) = match setting.split_once('=') {
+            Some((k, v)) => (k.trim(), Some(v.trim())),
+            None => (setting.trim(), None),
+        };
+        let switch = |make: fn(bool) -> Setting, on: bool| match value {
+            None => Ok(make(on)),
+            Some(_) => Err(format!("setting '{key}' is a switch and takes no value")),
+        };
+        let needs = |example: &str| format!("setting '{key}' needs a value, e.g. {key}={example}");
+        // A number in `range`, else "KEY 'V' is not WHAT, e.g. KEY=EXAMPLE".
+        let number = |example: &str, what: &str, range: std::ops::RangeInclusive<i64>| {
+            let v = value.ok_or_else(|| needs(example))?;
+            v.parse::<i64>()
+                .ok()
+                .filter(|n| range.contains(n))
+                .ok_or_else(|| format!("{key} '{v}' is not {what}, e.g. {key}={example}"))
+        };
+        match key {
+            "policy" => {
+                let v = value.ok_or_else(|| needs("order0"))?;
+                v.parse::<SwapinPolicy>()
+                    .map(Setting::Policy)
+                    .map_err(|_| format!("policy '{v}' is not a swap-in policy: use policy=locality, order0 or always"))
+            }
+            "swapin-max" => {
+                pages_setting(key, value.ok_or_else(|| needs("64K"))?, "4K", "64K").map(Setting::SwapinMaxPages)
+            }
+            "readahead" => {
+                pages_setting(key, value.ok_or_else(|| needs("4K"))?, "4K (off)", "4K").map(Setting::ReadaheadMaxPages)
+            }
+            "fault-around-max" => {
+                pages_setting(key, value.ok_or_else(|| needs("64K"))?, "4K", "256K").map(Setting::FaultAroundMaxPages)
+            }
+            "prefetch" => number(
+                "32",
+                &format!("a number of pages from 0 (off) to {MAX_SETTING_PREFETCH_PAGES}"),
+                0..=MAX_SETTING_PREFETCH_PAGES as i64,
+            )
+            .map(|n| Setting::PrefetchMaxPages(n as u32)),
+            "no-prefetch" => switch(|_| Setting::PrefetchMaxPages(0), false),
+            "fault-around" => switch(Setting::FaultAround, true),
+            "no-fault-around" => switch(Setting::FaultAround, false),
+            "workingset" => switch(Setting::Workingset, true),
+            "no-workingset" => switch(Setting::Workingset, false),
+            "pin" => switch(Setting::Pin, true),
+            "no-pin" => switch(Setting::Pin, false),
+            "idle-bg" => switch(Setting::IdleBackground, true),
+            "no-idle-bg" => switch(Setting::IdleBackground, false),
+            "batch-release" => switch(Setting::BatchRelease, true),
+            "no-batch-release" => switch(Setting::BatchRelease, false),
+            "batch-stage" => switch(Setting::BatchStage, true),
+            "no-batch-stage" => switch(Setting::BatchStage, false),
+            "reread-to-pool" => switch(Setting::RereadToPool, true),
+            "no-reread-to-pool" => switch(Setting::RereadToPool, false),
+            "pool-adapt" => switch(Setting::PoolAdapt, true),
+            "no-pool-adapt" => switch(Setting::PoolAdapt, false),
+            "read-next-unit" => switch(Setting::ReadNextUnit, true),
+            "no-read-next-unit" => switch(Setting::ReadNextUnit, false),
+            "learn-blocks" => switch(Setting::LearnBlocks, true),
+            "no-learn-blocks" => switch(Setting::LearnBlocks, false),
+            "direct-reclaim" => switch(Setting::DirectReclaim, true),
+            "no-direct-reclaim" => switch(Setting::DirectReclaim, false),
+            "throttle-headroom" => switch(Setting::ThrottleHeadroom, true),
+            "no-throttle-headroom" => switch(Setting::ThrottleHeadroom, false),
+            "follow" => switch(Setting::Follow, true),
+            "no-follow" => switch(Setting::Follow, false),
+            "stage-ahead" => switch(Setting::StageAhead, true),
+            "no-stage-ahead" => switch(Setting::StageAhead, false),
+            "keep-clean" => switch(Setting::KeepClean, true),
+            "no-keep-clean" => switch(Setting::KeepClean, false),
+            "encrypt" => switch(Setting::Encrypt, true),
+            "no-encrypt" => switch(Setting::Encrypt, false),
+            "spin" => number(
+                "50",
+                &format!("a number of microseconds from 0 to {MAX_SETTING_SPIN_US}"),
+                0..=MAX_SETTING_SPIN_US as i64,
+            )
+            .map(|us| Setting::SpinUs(us as u32)),
+            "threads" => number(
+                "1",
+                &format!("a number of fault threads from 0 (one per CPU) to {MAX_SETTING_FAULT_THREADS}"),
+                0..=MAX_SETTING_FAULT_THREADS as i64,
+            )
+            .map(|n| Setting::FaultThreads(n as usize)),
+            "nice" => number("10", "a nice value from 0 to 19 for the reclaim and writeback threads", 0..=19)
+                .map(|n| Setting::Nice(n as i32)),
+            "tiers" => {
+                let v = value.ok_or_else(|| needs("zero+pool+file"))?;
+                v.replace('+', ",")
+                    .parse::<Tiers>()
+                    .map(Setting::LocalTiers)
+                    .map_err(|e| format!("tiers '{v}': {e} (local tiers joined by '+', e.g. tiers=zero+pool+file)"))
+            }
+            "fault" => {
+                let v = value.ok_or_else(|| needs("signal"))?;
+                v.parse::<FaultMode>()
+                    .map(Setting::Fault)
+                    .map_err(|_| format!("fault '{v}' is not a fault mode: use fault=thread or fault=signal"))
+            }
+            "budget" | "pool-max" => {
+                let v = value.ok_or_else(|| needs("512M"))?;
+                let bytes = parse_size(v)
+                    .ok()
+                    .filter(|&b| b >= 1 << 20)
+                    .ok_or_else(|| format!("{key} '{v}' is not a size of 1M or more, e.g. {key}=512M"))?;
+                Ok(if key == "budget" { Setting::Budget(bytes) } else { Setting::PoolMax(bytes) })
+            }
+            "compressor" => {
+                let v = value.ok_or_else(|| needs("zstd"))?;
+                v.parse::<Compressor>().map(Setting::Compressor).map_err(|_| {
+                    format!("compressor '{v}' is not a compressor: use compressor=lz4, zstd, zstd-LEVEL (1 to 19), zstd-fast or zstd-fast-N (1 to 7)")
+                })
+            }
+            "recompress" => {
+                let v = value.ok_or_else(|| needs("none"))?;
+                parse_recompress(v).map(Setting::Recompress).map_err(|_| {
+                    format!("recompress '{v}' is not a codec: use recompress=none, zstd, zstd-LEVEL (1 to 19), zstd-fast-N (1 to 7) or lz4")
+                })
+            }
+            "" => {
+                Err(format!("an empty setting (two ':' or ',' in a row, or one at an end?): settings are {SETTINGS}"))
+            }
+            other => Err(format!("unknown setting '{other}': settings are {SETTINGS}")),
+        }
+    }
+}
+
+/// The largest swap-in of `bytes` as pages: a power of two from 4 KiB to 2 MiB. The error
+/// starts with the value, so a caller prefixes the flag or key: "--swapin-max 3K is not…".
+pub fn swapin_max_pages(bytes: u64) -> Result<u32, String> {
+    let page_bytes = crate::page::PAGE_SIZE as u64;
+    if !(page_bytes..=MAX_SWAPIN_PAGES as u64 * page_bytes).contains(&bytes) || !bytes.is_power_of_two() {
+        return Err(format!(
+            "{} is not a power of two from 4K to 2M: give e.g. 64K (16 pages, the default) or 2M",
+            show_bytes(bytes)
+        ));
+    }
+    Ok((bytes / page_bytes) as u32)
+}
+
+/// A `key=SIZE` setting counted in pages: a power of two from 4K (`low`, as the message
+/// names it) to 2M; `example` is a valid value for the message.
+fn pages_setting(key: &str, v: &str, low: &str, example: &str) -> Result<u32, String> {
+    let bytes = parse_size(v).map_err(|_| {
+        format!("{key} '{v}' is not a size: give a power of two from {low} to 2M, e.g. {key}={example}")
+    })?;
+    swapin_max_pages(bytes).map_err(|e| format!("{key}={e}"))
+}
+
+/// `bytes` as a message writes a size: "3K", "2M", "4097 bytes".
+fn show_bytes(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => format!("{b} bytes"),
+    }
+}
+
+#[cfg(test)]
+mod setting_tests {
+    use super::*;
+
+    /// The fields of `b` that differ from `a`, by their names in `PagerConfig`.
+    fn changed(a: &PagerConfig, b: &PagerConfig) -> Vec<String> {
+        let (a, b) = (serde_json::to_value(a).unwrap(), serde_json::to_value(b).unwrap());
+        let (a, b) = (a.as_object().unwrap(), b.as_object().unwrap());
+        a.iter().filter(|(k, v)| b.get(*k) != Some(v)).map(|(k, _)| k.clone()).collect()
+    }
+
+    fn applied(base: &PagerConfig, text: &str) -> PagerConfig {
+        let mut c = base.clone();
+        Setting::parse(text).unwrap_or_else(|e| panic!("{text}: {e}")).apply(&mut c);
+        c
+    }
+
+    /// Each switch, its field: `x` sets it, `no-x` clears it, and nothing else moves.
+    const SWITCHES: &[(&str, &str)] = &[
+        ("fault-around", "fault_around"),
+        ("workingset", "workingset"),
+        ("keep-clean", "keep_clean"),
+        ("encrypt", "encrypt"),
+        ("pin", "fault_pin"),
+        ("idle-bg", "background_idle"),
+        ("batch-release", "batch_release"),
+        ("batch-stage", "batch_stage"),
+        ("reread-to-pool", "reread_to_pool"),
+        ("pool-adapt", "pool_adapt"),
+        ("learn-blocks", "swapin_learn_blocks"),
+        ("direct-reclaim", "direct_reclaim"),
+        ("stage-ahead", "stage_ahead"),
+        ("follow", "fault_follow"),
+        ("throttle-headroom", "throttle_headroom"),
+        ("read-next-unit", "file_read_next_unit"),
+    ];
+
+    /// Each valued setting with a value other than the default, the field it sets and the
+    /// field's value after, as JSON.
+    fn valued() -> Vec<(&'static str, &'static str, serde_json::Value)> {
+        use serde_json::json;
+        vec![
+            ("policy=order0", "swapin_policy", json!("Order0")),
+            ("policy=always", "swapin_policy", json!("Always")),
+            ("swapin-max=4K", "swapin_max_pages", json!(1)),
+            ("swapin-max=2M", "swapin_max_pages", json!(512)),
+            ("readahead=4K", "readahead_max_pages", json!(1)),
+            ("readahead=256K", "readahead_max_pages", json!(64)),
+            ("fault-around-max=64K", "fault_around_max_pages", json!(16)),
+            ("prefetch=8", "stride_prefetch_max_pages", json!(8)),
+            ("no-prefetch", "stride_prefetch_max_pages", json!(0)),
+            ("spin=50", "fault_spin_us", json!(50)),
+            ("threads=1", "fault_threads", json!(1)),
+            ("nice=10", "background_nice", json!(10)),
+            ("fault=signal", "fault_mode", json!("Signal")),
+            ("compressor=lz4", "compressor", json!("Lz4")),
+            ("compressor=zstd-3", "compressor", json!({"Zstd": {"level": 3}})),
+            ("compressor=zstd-fast-2", "compressor", json!({"Zstd": {"level": -2}})),
+            ("recompress=zstd-3", "recompress", json!({"Zstd": {"level": 3}})),
+            ("budget=563M", "budget_bytes", json!(563u64 << 20)),
+            ("pool-max=307M", "pool_max_bytes", json!(307u64 << 20)),
+            ("tiers=zero+pool", "tiers", json!({"zero": true, "pool": true, "file": false})),
+        ]
+    }
+
+    #[test]
+    fn every_switch_sets_and_clears_its_own_field() {
+        for &(name, field) in SWITCHES {
+            let on = applied(&PagerConfig::default(), name);
+            let off = applied(&PagerConfig::default(), &format!("no-{name}"));
+            assert_eq!(changed(&on, &off), [field], "{name} and no-{name} differ in {field} alone");
+            let (on, off) = (serde_json::to_value(&on).unwrap(), serde_json::to_value(&off).unwrap());
+            assert_eq!((&on[field], &off[field]), (&serde_json::json!(true), &serde_json::json!(false)), "{name}");
+            assert!(Setting::parse(&format!("{name}=1")).unwrap_err().contains("is a switch and takes no value"));
+        }
+    }
+
+    #[test]
+    fn every_valued_setting_sets_its_own_field() {
+        let base = PagerConfig::default();
+        for (text, field, want) in valued() {
+            let c = applied(&base, text);
+            assert_eq!(changed(&base, &c), [field], "{text} changes {field} alone");
+            assert_eq!(serde_json::to_value(&c).unwrap()[field], want, "{text}");
+        }
+        let signal = PagerConfig { fault_mode: FaultMode::Signal, recompress: Some(Compressor::Lz4), ..base.clone() };
+        assert_eq!(applied(&signal, "fault=thread").fault_mode, FaultMode::Thread);
+        assert_eq!(applied(&signal, "recompress=none").recompress, None);
+        assert_eq!(applied(&base, "policy=locality").swapin_policy, SwapinPolicy::Locality);
+    }
+
+    /// Every setting [`SETTINGS`] names is tested above: the help text and the parser agree.
+    #[test]
+    fn the_help_text_names_exactly_the_tested_settings() {
+        let valued = valued();
+        // Entries are separated by ',' outside parentheses.
+        let (mut entries, mut depth, mut from) = (Vec::new(), 0, 0);
+        for (i, ch) in SETTINGS.char_indices() {
+            match ch {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                ',' if depth == 0 => {
+                    entries.push(SETTINGS[from..i].trim());
+                    from = i + 1;
+                }
+                _ => {}
+            }
+        }
+        entries.push(SETTINGS[from..].trim());
+        assert_eq!(entries.len(), SWITCHES.len() + 14, "16 switches, 14 valued: {entries:?}");
+        for entry in entries {
+            let name = entry.split([' ', '=']).next().unwrap();
+            if let Some(switch) = name.strip_prefix("[no-]") {
+                assert!(SWITCHES.iter().any(|(s, _)| *s == switch), "switch {switch} has no test");
+            } else {
+                assert!(valued.iter().any(|(t, _, _)| t.starts_with(&format!("{name}="))), "{name} has no test");
+            }
+        }
+        for (name, _) in SWITCHES {
+            assert!(SETTINGS.contains(&format!("[no-]{name},")), "SETTINGS lacks [no-]{name}");
+        }
+        for (text, _, _) in &valued {
+            let key = text.split('=').next().unwrap();
+            assert!(key == "no-prefetch" || SETTINGS.contains(&format!("{key}=")), "SETTINGS lacks {key}=");
+        }
+    }
+
+    #[test]
+    fn local_tiers_drop_a_remote_tier() {
+        let (tiers, remote) = parse_tiers("zero,pool,remote=redis://127.0.0.1:7300").unwrap();
+        let base = PagerConfig { tiers, remote, ..Default::default() };
+        let c = applied(&base, "tiers=zero+pool+file");
+        assert_eq!(c.tiers, Tiers { zero: true, pool: true, file: true });
+        assert_eq!(c.remote, None);
+    }
+
+    #[test]
+    fn lists_take_either_separator_in_order() {
+        let want = vec![Setting::Follow(false), Setting::SwapinMaxPages(4), Setting::Policy(SwapinPolicy::Order0)];
+        assert_eq!(Setting::parse_list("no-follow,swapin-max=16K,policy=order0"), Ok(want.clone()));
+        assert_eq!(Setting::parse_list("no-follow:swapin-max=16K:policy=order0"), Ok(want.clone()));
+        assert_eq!(Setting::parse_list(" no-follow :swapin-max=16K, policy=order0"), Ok(want));
+        let mut c = PagerConfig::default();
+        for s in Setting::parse_list("swapin-max=16K,swapin-max=2M").unwrap() {
+            s.apply(&mut c);
+        }
+        assert_eq!(c.swapin_max_pages, 512, "the last one wins");
+        for bad in ["", "no-follow,", "no-follow,,pin", ":pin"] {
+            assert!(Setting::parse_list(bad).unwrap_err().contains("empty setting"), "{bad:?}");
+        }
+        let e = Setting::parse_list("no-follow,swapin-max=3K").unwrap_err();
+        assert!(e.starts_with("swapin-max=3K is not a power of two from 4K to 2M"), "{e}");
+    }
+
+    #[test]
+    fn bad_settings_are_one_line_naming_the_setting_and_what_is_valid() {
+        for (bad, needle) in [
+            ("polcy=order0", "unknown setting 'polcy': settings are policy=locality|order0|always"),
+            ("policy=fast", "policy 'fast' is not a swap-in policy: use policy=locality, order0 or always"),
+            ("policy", "setting 'policy' needs a value, e.g. policy=order0"),
+            ("swapin-max=3K", "swapin-max=3K is not a power of two from 4K to 2M"),
+            ("swapin-max=4M", "swapin-max=4M is not a power of two from 4K to 2M"),
+            ("swapin-max=lots", "swapin-max 'lots' is not a size"),
+            ("readahead=12K", "readahead=12K is not a power of two"),
+            ("fault-around-max=3K", "fault-around-max=3K is not"),
+            ("prefetch=2000", "prefetch '2000' is not a number of pages from 0 (off) to 1024"),
+            ("spin=-1", "spin '-1' is not a number of microseconds from 0 to 100000"),
+            ("threads=x", "threads 'x' is not a number of fault threads"),
+            ("threads=65", "threads '65' is not a number of fault threads from 0 (one per CPU) to 64"),
+            ("nice=-5", "nice '-5' is not a nice value from 0 to 19"),
+            ("nice", "setting 'nice' needs a value, e.g. nice=10"),
+            ("fault=fast", "fault=thread or fault=signal"),
+            ("compressor=zstd-40", "zstd-LEVEL (1 to 19)"),
+            ("recompress=gzip", "recompress=none"),
+            ("budget=12", "budget '12' is not a size of 1M or more"),
+            ("pool-max=lots", "pool-max 'lots' is not a size of 1M or more"),
+            ("tiers=zero+disk", "tiers 'zero+disk': unknown tier 'disk'"),
+            ("no-encrypt=yes", "setting 'no-encrypt' is a switch and takes no value"),
+            ("", "an empty setting"),
+        ] {
+            let e = Setting::parse(bad).unwrap_err();
+            assert!(e.contains(needle), "{bad:?}: {e}");
+            assert_eq!(e.lines().count(), 1, "{bad:?}: one line: {e}");
+        }
+    }
+
+    #[test]
+    fn swapin_max_sizes() {
+        assert_eq!(swapin_max_pages(4 << 10), Ok(1));
+        assert_eq!(swapin_max_pages(64 << 10), Ok(16));
+        assert_eq!(swapin_max_pages(2 << 20), Ok(512));
+        assert!(swapin_max_pages(0).is_err());
+        assert!(swapin_max_pages(4 << 20).unwrap_err().starts_with("4M is not"));
+        assert!(swapin_max_pages(4097).unwrap_err().contains("4097 bytes"));
+        assert!(swapin_max_pages(48 << 10).unwrap_err().starts_with("48K is not"));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,8 +2,9 @@
 //! program runs.
 //!
 //! - `unconstrained`: the program alone;
-//! - `tierswap[:SETTING…]`: `tierswap run --budget B [flags] -- PROG`, the settings a
-//!   variant names passed as `tierswap run`'s flags;
+//! - `tierswap[:SETTING…]`: `tierswap run --budget B [--set SETTING,…] -- PROG`: a
+//!   variant's `budget=` becomes `--budget`, every other setting goes through `--set`, where
+//!   the shim applies it as the seed lab does (`tierswap::config::Setting`);
 //! - `kernel-disk`, `kernel-zswap`, `kernel-zram`: the program in a memory cgroup limited
 //!   to B, over a fresh swap file (zswap off, or on with the machine's compressor) or zram.
 //!
@@ -25,7 +26,7 @@ pub enum ProgramEngine {
     /// No budget.
     Unconstrained,
     /// `tierswap run`: its label (`tierswap` or `tierswap:SETTING…`), its budget, and the
-    /// flags its settings become.
+    /// flags its other settings become (`--set …`).
     Tierswap {
         /// The name in the table.
         label: String,
@@ -37,10 +38,6 @@ pub enum ProgramEngine {
     /// A kernel engine: the program in a memcg.
     Kernel(EngineKind),
 }
-
-/// The variant settings `tierswap run` takes, as the message lists them.
-pub const RUN_SETTINGS: &str =
-    "budget=SIZE, pool-max=SIZE, tiers=zero+pool+file, compressor=NAME, threads=N (fault threads), [no-]pin";
 
 impl ProgramEngine {
     /// The name in tables and JSON.
@@ -63,31 +60,22 @@ impl ProgramEngine {
         if entry == "unconstrained" {
             return Ok(ProgramEngine::Unconstrained);
         }
-        // The seed lab's parser checks names and values; the flags are built from the text.
+        // The engine's parser checks names and values (the seed lab's, and the shim's
+        // under `--set`); `budget=` is the row's budget, the rest go to `--set` as written.
         let spec: crate::EngineSpec = entry.parse()?;
         match spec.kind {
             EngineKind::Tierswap => {}
             k => return Ok(ProgramEngine::Kernel(k)),
         }
         let mut budget_bytes = None;
-        let mut flags = Vec::new();
-        for setting in entry.split(':').skip(1).map(str::trim) {
-            let (key, value) = setting.split_once('=').map_or((setting, ""), |(k, v)| (k.trim(), v.trim()));
-            match key {
-                "budget" => budget_bytes = Some(tierswap::parse_size(value).map_err(|e| format!("engine '{entry}': {e}"))?),
-                "pool-max" => flags.extend(["--pool-max".to_string(), value.to_string()]),
-                "tiers" => flags.extend(["--tiers".to_string(), value.replace('+', ",")]),
-                "compressor" => flags.extend(["--compressor".to_string(), value.to_string()]),
-                "threads" => flags.extend(["--fault-threads".to_string(), value.to_string()]),
-                "no-pin" => flags.push("--no-pin".into()),
-                "pin" => {}
-                _ => {
-                    return Err(format!(
-                        "engine '{entry}': '{setting}' is a setting of the in-process lab; a program runs under `tierswap run`, which takes {RUN_SETTINGS}"
-                    ))
-                }
+        let mut set = Vec::new();
+        for (text, setting) in entry.split(':').skip(1).map(str::trim).zip(&spec.overrides) {
+            match setting {
+                tierswap::config::Setting::Budget(b) => budget_bytes = Some(*b),
+                _ => set.push(text),
             }
         }
+        let flags = if set.is_empty() { Vec::new() } else { vec!["--set".to_string(), set.join(",")] };
         Ok(ProgramEngine::Tierswap { label: spec.label().to_string(), budget_bytes, flags })
     }
 }
@@ -441,17 +429,29 @@ mod tests {
             e.iter().map(ProgramEngine::label).collect::<Vec<_>>(),
             ["tierswap", "kernel-disk", "kernel-zswap", "unconstrained"]
         );
-        match ProgramEngine::parse("tierswap:budget=300M:pool-max=100M:tiers=zero+pool+file:no-pin").unwrap() {
-            ProgramEngine::Tierswap { label, budget_bytes, flags } => {
-                assert_eq!(label, "tierswap:budget=300M:pool-max=100M:tiers=zero+pool+file:no-pin");
-                assert_eq!(budget_bytes, Some(300 << 20));
-                assert_eq!(flags, ["--pool-max", "100M", "--tiers", "zero,pool,file", "--no-pin"]);
-            }
-            other => panic!("{other:?}"),
-        }
-        let err = ProgramEngine::parse("tierswap:policy=order0").unwrap_err();
-        assert!(err.contains("'policy=order0'") && err.contains("budget=SIZE"), "{err}");
+        let tierswap = |entry: &str| match ProgramEngine::parse(entry) {
+            Ok(ProgramEngine::Tierswap { label, budget_bytes, flags }) => (label, budget_bytes, flags),
+            other => panic!("{entry}: {other:?}"),
+        };
+        assert_eq!(tierswap("tierswap"), ("tierswap".to_string(), None, vec![]));
+        let (label, budget_bytes, flags) =
+            tierswap("tierswap:budget=300M:pool-max=100M:tiers=zero+pool+file: no-pin:policy=order0");
+        assert_eq!(label, "tierswap:budget=300M:pool-max=100M:tiers=zero+pool+file:no-pin:policy=order0");
+        assert_eq!(budget_bytes, Some(300 << 20));
+        assert_eq!(flags, ["--set", "pool-max=100M,tiers=zero+pool+file,no-pin,policy=order0"]);
+        // Every setting of the seed lab reaches `tierswap run --set`, and `--set` reads it
+        // back as the same settings.
+        let (_, budget_bytes, flags) =
+            tierswap("tierswap:no-follow:swapin-max=16K:compressor=zstd-fast-2:fault=signal");
+        assert_eq!(budget_bytes, None);
+        assert_eq!(flags, ["--set", "no-follow,swapin-max=16K,compressor=zstd-fast-2,fault=signal"]);
+        let spec: crate::EngineSpec =
+            "tierswap:no-follow:swapin-max=16K:compressor=zstd-fast-2:fault=signal".parse().unwrap();
+        assert_eq!(tierswap::config::Setting::parse_list(&flags[1]), Ok(spec.overrides));
+        let err = ProgramEngine::parse("tierswap:policy=fast").unwrap_err();
+        assert!(err.starts_with("engine 'tierswap:policy=fast': policy 'fast' is not a swap-in policy"), "{err}");
         assert!(ProgramEngine::parse("tierswap:budget=lots").unwrap_err().contains("budget 'lots'"));
+        assert!(ProgramEngine::parse("tierswap:x").unwrap_err().contains("unknown setting 'x': settings are policy="));
         assert!(parse_engines("tierswap,tierswap").unwrap_err().contains("twice"));
         assert!(parse_engines("zfs").unwrap_err().contains("unknown engine 'zfs'"));
     }
