@@ -696,7 +696,7 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
 
 /// The engine settings a lab variant (`tierswap bench --engine tierswap:SETTING…`) or
 /// `tierswap run --set` may change, as they are spelled (for help and error messages).
-pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
+pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
      [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// The largest stride prefetch window a setting may ask for, in pages.
@@ -717,6 +717,11 @@ pub enum Setting {
     Policy(SwapinPolicy),
     /// `swapin-max=SIZE`: largest swap-in, in pages.
     SwapinMaxPages(u32),
+    /// `swapin-start=SIZE`: a stream's first large swap-in, in pages.
+    SwapinStartPages(u32),
+    /// `active-protect=PCT`: the share of present pages active pages may hold before
+    /// reclaim demotes them (0: off).
+    ActiveProtectPct(u32),
     /// `readahead=SIZE`: cap of the disk readahead window, in pages (1: off).
     ReadaheadMaxPages(u32),
     /// `prefetch=N` / `no-prefetch`: stride prefetch's largest window, in pages (0: off).
@@ -787,6 +792,8 @@ impl Setting {
         match self {
             Setting::Policy(p) => config.swapin_policy = p,
             Setting::SwapinMaxPages(n) => config.swapin_max_pages = n,
+            Setting::SwapinStartPages(n) => config.swapin_start_pages = n,
+            Setting::ActiveProtectPct(p) => config.active_protect_pct = p,
             Setting::ReadaheadMaxPages(n) => config.readahead_max_pages = n,
             Setting::PrefetchMaxPages(n) => config.stride_prefetch_max_pages = n,
             Setting::FaultAround(on) => config.fault_around = on,
@@ -857,6 +864,11 @@ impl Setting {
             "swapin-max" => {
                 pages_setting(key, value.ok_or_else(|| needs("64K"))?, "4K", "64K").map(Setting::SwapinMaxPages)
             }
+            "swapin-start" => {
+                pages_setting(key, value.ok_or_else(|| needs("8K"))?, "4K", "8K").map(Setting::SwapinStartPages)
+            }
+            "active-protect" => number("50", "a percentage from 0 (off) to 100", 0..=100)
+                .map(|p| Setting::ActiveProtectPct(p as u32)),
             "readahead" => {
                 pages_setting(key, value.ok_or_else(|| needs("4K"))?, "4K (off)", "4K").map(Setting::ReadaheadMaxPages)
             }
@@ -1034,6 +1046,8 @@ mod setting_tests {
             ("policy=always", "swapin_policy", json!("Always")),
             ("swapin-max=4K", "swapin_max_pages", json!(1)),
             ("swapin-max=2M", "swapin_max_pages", json!(512)),
+            ("swapin-start=64K", "swapin_start_pages", json!(16)),
+            ("active-protect=50", "active_protect_pct", json!(50)),
             ("readahead=4K", "readahead_max_pages", json!(1)),
             ("readahead=256K", "readahead_max_pages", json!(64)),
             ("fault-around-max=64K", "fault_around_max_pages", json!(16)),
@@ -1097,7 +1111,7 @@ mod setting_tests {
             }
         }
         entries.push(SETTINGS[from..].trim());
-        assert_eq!(entries.len(), SWITCHES.len() + 14, "16 switches, 14 valued: {entries:?}");
+        assert_eq!(entries.len(), SWITCHES.len() + 16, "the switches and 16 valued settings: {entries:?}");
         for entry in entries {
             let name = entry.split([' ', '=']).next().unwrap();
             if let Some(switch) = name.strip_prefix("[no-]") {

@@ -57,7 +57,10 @@ pub struct ClusterHeader {
 
 /// Bytes of one cluster header.
 pub const CLUSTER_HEADER_BYTES: usize = std::mem::size_of::<ClusterHeader>();
-const _: () = assert!(CLUSTER_HEADER_BYTES <= 128, "≤ 128 B per cluster header (docs/design.md, Clusters and the virtual swap space)");
+const _: () = assert!(
+    CLUSTER_HEADER_BYTES <= 128,
+    "≤ 128 B per cluster header (docs/design.md, Clusters and the virtual swap space)"
+);
 
 impl ClusterHeader {
     /// The allocator state.
