@@ -414,26 +414,9 @@ fn start_server(
             s.note_cgroup(&cg);
             std::fs::create_dir(&cg).map_err(|e| format!("cannot create cgroup {}: {e}", cg.display()))?;
             system::write(cg.join(limit), &spec.budget_bytes.to_string())?;
-            let procs = std::ffi::CString::new(cg.join("cgroup.procs").to_string_lossy().as_bytes())
-                .map_err(|e| e.to_string())?;
             cmd = Command::new("redis-server");
             cmd.args(redis_args);
-            use std::os::unix::process::CommandExt;
-            // SAFETY: between fork and exec only async-signal-safe calls: open, write, close.
-            unsafe {
-                cmd.pre_exec(move || {
-                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                    if fd < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    let r = libc::write(fd, b"0".as_ptr().cast(), 1);
-                    libc::close(fd);
-                    if r != 1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            system::exec_in_cgroup(&mut cmd, &cg)?;
             cgroup = Some(cg);
         }
     }

@@ -219,10 +219,11 @@ fn fault_mode_reaches_the_pager() {
 }
 
 /// Signal mode with the default compressor (zstd-fast): the faulting thread runs the fault
-/// path, and every byte the program reads back must be right. (Today the zstd
-/// decompression context is made by the program's thread inside its SIGBUS handler, so
-/// the shim's malloc puts it in managed memory; once it is swapped out, a fault inside the
-/// handler re-enters it and the process aborts with "RefCell already borrowed".)
+/// path, and every byte the program reads back must be right. (A zstd decompression
+/// context made by the program's thread inside its SIGBUS handler came from the shim's
+/// malloc, so managed memory; once it was swapped out, a fault inside the handler
+/// re-entered it and the process aborted with "RefCell already borrowed". Each fault buffer
+/// now has its own context, made up front.)
 #[test]
 fn signal_mode_serves_faults_with_the_default_compressor() {
     let dir = TestDir::new("signalzstd");

@@ -867,8 +867,9 @@ impl Setting {
             "swapin-start" => {
                 pages_setting(key, value.ok_or_else(|| needs("8K"))?, "4K", "8K").map(Setting::SwapinStartPages)
             }
-            "active-protect" => number("50", "a percentage from 0 (off) to 100", 0..=100)
-                .map(|p| Setting::ActiveProtectPct(p as u32)),
+            "active-protect" => {
+                number("50", "a percentage from 0 (off) to 100", 0..=100).map(|p| Setting::ActiveProtectPct(p as u32))
+            }
             "readahead" => {
                 pages_setting(key, value.ok_or_else(|| needs("4K"))?, "4K (off)", "4K").map(Setting::ReadaheadMaxPages)
             }

@@ -279,6 +279,31 @@ fn save(rec: &Record) {
     }
 }
 
+/// Makes `cmd`'s process enter memory cgroup `dir` between fork and exec, before it maps
+/// anything: it writes its pid (`0`, itself) to the cgroup's `cgroup.procs`.
+pub fn exec_in_cgroup(cmd: &mut std::process::Command, dir: &Path) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    let procs = std::ffi::CString::new(dir.join("cgroup.procs").to_string_lossy().as_bytes())
+        .map_err(|e| format!("cgroup path {}: {e}", dir.display()))?;
+    // SAFETY: between fork and exec only async-signal-safe calls (open, write, close) on
+    // memory prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let r = libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+            if r != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
 /// Removes a cgroup directory: its tasks go to the parent first.
 pub fn remove_cgroup(dir: &Path) {
     if !dir.exists() {

@@ -291,27 +291,9 @@ pub fn start(
             s.note_cgroup(&cg);
             std::fs::create_dir(&cg).map_err(|e| format!("cannot create cgroup {}: {e}", cg.display()))?;
             system::write(cg.join(limit), &ctx.budget_bytes.to_string())?;
-            let procs = std::ffi::CString::new(cg.join("cgroup.procs").to_string_lossy().as_bytes())
-                .map_err(|e| format!("cgroup path {}: {e}", cg.display()))?;
             let mut c = Command::new(prog);
             c.args(args);
-            use std::os::unix::process::CommandExt;
-            // SAFETY: between fork and exec only async-signal-safe calls (open, write, close)
-            // on memory prepared before the fork.
-            unsafe {
-                c.pre_exec(move || {
-                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                    if fd < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    let r = libc::write(fd, b"0".as_ptr().cast(), 1);
-                    libc::close(fd);
-                    if r != 1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            system::exec_in_cgroup(&mut c, &cg)?;
             cgroup = Some(cg);
             c
         }
