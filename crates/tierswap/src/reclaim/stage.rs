@@ -244,10 +244,8 @@ impl Reclaim {
                 // A poison marker holds no data and cannot be moved: nothing to stage.
                 continue;
             }
-            if !force && p.state() == PteState::Present && !p.locked() {
-                if self.age_active(r, i, p) {
-                    continue;
-                }
+            if !force && p.state() == PteState::Present && !p.locked() && self.age_active(r, i, p) {
+                continue;
             }
             if force {
                 // Forced eviction waits out a fault in flight: the program may already run
