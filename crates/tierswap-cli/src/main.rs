@@ -57,12 +57,8 @@ struct Bench {
     #[arg(long)]
     suite: Option<String>,
     /// Engines, comma-separated: tierswap, kernel-zswap, kernel-zram, kernel-disk, and tierswap
-    /// variants tierswap:SETTING[:SETTING…] that change the flags' settings for that engine
-    /// alone: policy=locality|order0|always, swapin-max=SIZE, [no-]fault-around,
-    /// [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin (one fault thread pinned to each CPU), [no-]idle-bg (reclaim and writeback under SCHED_IDLE), [no-]batch-release (evicted blocks dropped 8 at a time, one TLB flush), [no-]batch-stage (up to 16 blocks staged per move), [no-]reread-to-pool (a clean page read back from the file twice is stored in the pool at its next eviction), [no-]pool-adapt (the pool limit follows the workload between 1/2 and 5/8 of the budget; default on), [no-]learn-blocks (a lone fault brings its 64K block in whole once blocks are seen read whole), [no-]direct-reclaim (a fault thread waiting for room evicts), [no-]stage-ahead (the reclaim thread keeps 2 MiB staged ahead of its eviction, for direct reclaimers), [no-]follow (while one program thread faults, only the fault thread on its CPU polls the userfaultfd), [no-]throttle-headroom (reclaim evicts on to its low watermark only while faults wait for room), [no-]read-next-unit (whole-unit file reads take the next unit too), readahead=SIZE (disk readahead cap, 4K: off), fault-around-max=SIZE (first-touch fault-around's largest window, default 256K), spin=US, threads=N (fault threads, 0: one per CPU), nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-N|zstd-fast[-N], recompress=none|zstd|zstd-N|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file (local tiers only: drops the remote of --tiers, to compare the two). E.g. --engine
-    /// tierswap,tierswap:policy=order0,kernel-zswap: runs alternate engine by engine; the
-    /// column ts÷ is plain tierswap's refault ÷ the variant's.
-    #[arg(long, value_delimiter = ',', default_value = "tierswap")]
+    /// variants tierswap:SETTING[:SETTING…] (--help lists the settings).
+    #[arg(long, value_delimiter = ',', default_value = "tierswap", long_help = engine_help())]
     engine: Vec<String>,
     /// Bytes of memory each workload touches.
     #[arg(long, default_value = "1G")]
@@ -347,6 +343,18 @@ fn size(what: &str, s: &str) -> Result<u64, UserError> {
     parse_size(s).map_err(|e| UserError(format!("{what}: {e}")))
 }
 
+/// `bench --engine`'s long help: the engines and every setting a variant takes.
+fn engine_help() -> String {
+    format!(
+        "Engines, comma-separated: tierswap, kernel-zswap, kernel-zram, kernel-disk, and tierswap \
+variants tierswap:SETTING[:SETTING…] that change settings for that engine alone, e.g. --engine \
+tierswap,tierswap:policy=order0,kernel-zswap: runs alternate engine by engine; the column ts÷ is \
+plain tierswap's refault ÷ the variant's. A variant's tiers= takes local tiers only (it drops the \
+remote of --tiers, to compare the two). Settings: {}.",
+        tierswap::config::SETTINGS
+    )
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -580,7 +588,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
         b.compressor,
         b.recompress,
         if pager.pool_adapts() {
-            format!("{}-{} MiB (follows the workload)", pager.pool_max_bytes() >> 20, pager.pool_limit_top() >> 20)
+            format!("{}-{} MiB (follows the workload)", pager.pool_limit_floor() >> 20, pager.pool_limit_top() >> 20)
         } else {
             format!("max {} MiB", pager.pool_max_bytes() >> 20)
         },

@@ -14,6 +14,8 @@ pub const DEFAULT_SWAPIN_MAX_PAGES: u32 = 16;
 pub const DEFAULT_SWAPIN_START_PAGES: u32 = 2;
 /// Default share of present pages active pages may hold before reclaim demotes them (0: off).
 pub const DEFAULT_ACTIVE_PROTECT_PCT: u32 = 0;
+/// Default floor of the pool limit that follows the workload, percent of the budget.
+pub const DEFAULT_POOL_FLOOR_PCT: u32 = 50;
 /// Default adaptive spin of the fault threads, µs (see `PagerConfig::fault_spin_us`).
 pub const DEFAULT_FAULT_SPIN_US: u32 = 0;
 /// Default nice value of the reclaim and writeback threads (see
@@ -305,6 +307,10 @@ pub struct PagerConfig {
     /// one round only, they were staged and evicted between their touches, and each
     /// request paid for them again.
     pub active_protect_pct: u32,
+    /// The least the pool limit goes down to when it follows the workload
+    /// ([`PagerConfig::pool_adapts`]), percent of the budget; also the size against which a
+    /// refault is weighed as short (it would have stayed resident with the pool there).
+    pub pool_floor_pct: u32,
     /// Under the locality policy, learn whether the program reads whole 64 KiB blocks when
     /// it faults on one out of order: if lone faults are mostly followed by a fault on the
     /// next page, a lone fault brings its whole block in (one fault a block instead of two),
@@ -497,6 +503,7 @@ impl Default for PagerConfig {
             swapin_max_pages: DEFAULT_SWAPIN_MAX_PAGES,
             swapin_start_pages: DEFAULT_SWAPIN_START_PAGES,
             active_protect_pct: DEFAULT_ACTIVE_PROTECT_PCT,
+            pool_floor_pct: DEFAULT_POOL_FLOOR_PCT,
             swapin_learn_blocks: true,
             fault_around: true,
             fault_around_max_pages: DEFAULT_FAULT_AROUND_MAX_PAGES,
@@ -537,6 +544,16 @@ impl PagerConfig {
     /// no remote).
     pub fn pool_adapts(&self) -> bool {
         self.pool_adapt && self.pool_max_bytes.is_none() && self.tiers.file && self.remote.is_none()
+    }
+
+    /// The least the pool limit goes down to: `pool_floor_pct` of the budget when it
+    /// follows the workload, else [`PagerConfig::pool_max_bytes`] (where it stays).
+    pub fn pool_limit_floor(&self) -> u64 {
+        if self.pool_adapts() {
+            (self.budget_bytes / 100 * self.pool_floor_pct as u64).min(self.pool_limit_top())
+        } else {
+            self.pool_max_bytes()
+        }
     }
 
     /// Where the pool limit starts and the most it grows to: five eighths of the budget
@@ -696,7 +713,7 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
 
 /// The engine settings a lab variant (`tierswap bench --engine tierswap:SETTING…`) or
 /// `tierswap run --set` may change, as they are spelled (for help and error messages).
-pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
+pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), pool-floor=PCT (the least the pool limit that follows the workload goes down to, percent of the budget), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
      [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// The largest stride prefetch window a setting may ask for, in pages.
@@ -722,6 +739,8 @@ pub enum Setting {
     /// `active-protect=PCT`: the share of present pages active pages may hold before
     /// reclaim demotes them (0: off).
     ActiveProtectPct(u32),
+    /// `pool-floor=PCT`: the least the adaptive pool limit goes down to, percent of the budget.
+    PoolFloorPct(u32),
     /// `readahead=SIZE`: cap of the disk readahead window, in pages (1: off).
     ReadaheadMaxPages(u32),
     /// `prefetch=N` / `no-prefetch`: stride prefetch's largest window, in pages (0: off).
@@ -794,6 +813,7 @@ impl Setting {
             Setting::SwapinMaxPages(n) => config.swapin_max_pages = n,
             Setting::SwapinStartPages(n) => config.swapin_start_pages = n,
             Setting::ActiveProtectPct(p) => config.active_protect_pct = p,
+            Setting::PoolFloorPct(p) => config.pool_floor_pct = p,
             Setting::ReadaheadMaxPages(n) => config.readahead_max_pages = n,
             Setting::PrefetchMaxPages(n) => config.stride_prefetch_max_pages = n,
             Setting::FaultAround(on) => config.fault_around = on,
@@ -869,6 +889,9 @@ impl Setting {
             }
             "active-protect" => {
                 number("50", "a percentage from 0 (off) to 100", 0..=100).map(|p| Setting::ActiveProtectPct(p as u32))
+            }
+            "pool-floor" => {
+                number("25", "a percentage of the budget from 1 to 62", 1..=62).map(|p| Setting::PoolFloorPct(p as u32))
             }
             "readahead" => {
                 pages_setting(key, value.ok_or_else(|| needs("4K"))?, "4K (off)", "4K").map(Setting::ReadaheadMaxPages)
@@ -1049,6 +1072,7 @@ mod setting_tests {
             ("swapin-max=2M", "swapin_max_pages", json!(512)),
             ("swapin-start=64K", "swapin_start_pages", json!(16)),
             ("active-protect=50", "active_protect_pct", json!(50)),
+            ("pool-floor=25", "pool_floor_pct", json!(25)),
             ("readahead=4K", "readahead_max_pages", json!(1)),
             ("readahead=256K", "readahead_max_pages", json!(64)),
             ("fault-around-max=64K", "fault_around_max_pages", json!(16)),

@@ -184,11 +184,13 @@ pub fn header(spec: &ProgramsSpec) -> String {
 /// The tables.
 pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &[Summary]) -> String {
     let mut s = format!("programs lab — {}\n{}\n", machine.summary(), header(spec));
+    // The engine column fits the longest name (a variant with its settings).
+    let ew = summaries.iter().map(|r| r.engine.chars().count()).max().unwrap_or(0).max(22);
     for p in &spec.programs {
         s += &format!("  {:<12} {}\n", p.name(), p.describe());
     }
     s += &format!(
-        "\n{:<12} {:<8} {:<22} {:>6} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6} {:>7} {:>7} {:>5}\n",
+        "\n{:<12} {:<8} {:<ew$} {:>6} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6} {:>7} {:>7} {:>5}\n",
         "program",
         "dist",
         "engine",
@@ -210,7 +212,7 @@ pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &
         }
         last.clone_from(&r.program);
         s += &format!(
-            "{:<12} {:<8} {:<22} {:>6.1} {:>9.0} {:>8} {:>8} {:>9} {:>6} {:>6} {:>7} {:>7} {:>5}\n",
+            "{:<12} {:<8} {:<ew$} {:>6.1} {:>9.0} {:>8} {:>8} {:>9} {:>6} {:>6} {:>7} {:>7} {:>5}\n",
             r.program,
             r.distribution,
             r.engine,
@@ -297,13 +299,13 @@ pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &
     let ts: Vec<&Summary> = summaries.iter().filter(|r| !r.per_request.is_empty()).collect();
     if !ts.is_empty() {
         s += "\ntierswap's counters per timed request (medians of the runs; from the pager's control socket):\n";
-        s += &format!("{:<12} {:<8} {:<22}", "program", "dist", "engine");
+        s += &format!("{:<12} {:<8} {:<ew$}", "program", "dist", "engine");
         for (_, head) in PER_REQUEST_COUNTERS {
             s += &format!(" {head:>19}");
         }
         s += "\n";
         for r in ts {
-            s += &format!("{:<12} {:<8} {:<22}", r.program, r.distribution, r.engine);
+            s += &format!("{:<12} {:<8} {:<ew$}", r.program, r.distribution, r.engine);
             for (name, _) in PER_REQUEST_COUNTERS {
                 s += &format!(" {:>19.3}", r.per_request.get(name).copied().unwrap_or(0.0));
             }

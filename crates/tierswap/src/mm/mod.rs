@@ -203,7 +203,12 @@ impl Tiers {
             pool,
             file,
             remote,
-            pool_share: PoolShare::new(config.pool_max_bytes(), config.pool_limit_top(), config.budget_bytes),
+            pool_share: PoolShare::new(
+                config.pool_max_bytes(),
+                config.pool_limit_floor(),
+                config.pool_limit_top(),
+                config.budget_bytes,
+            ),
             pool_recompressible: AtomicU64::new(0),
             file_off: AtomicBool::new(false),
             file_gate: RwLock::new(()),

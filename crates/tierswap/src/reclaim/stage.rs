@@ -300,6 +300,10 @@ impl Reclaim {
         if seen.0 >= ACTIVE_WINDOW_PAGES {
             // Over the share: demote what the hand meets until the next look.
             self.protect_active = pct > 0 && seen.1 * 100 <= seen.0 * pct;
+            if pct > 0 {
+                // Hot pages that do not fit beside the pool ask it for room (policy/pool_share.rs).
+                self.s.tiers.pool_share.note_active_look(!self.protect_active);
+            }
             *seen = (0, 0);
         }
         if !p.active() {
