@@ -9,6 +9,7 @@ use tierswap::{parse_size, Compressor, PagerConfig, SwapinPolicy};
 use tierswap_bench::variant::{parse_engines, swapin_max_pages};
 use tierswap_bench::{lab, make_engine, report, KernelOptions, RunSpec, WorkloadKind};
 
+mod reach;
 mod run;
 mod stat;
 

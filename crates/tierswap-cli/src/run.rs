@@ -65,10 +65,17 @@ fork: a child manages nothing new; what was managed before the fork stays manage
 exec: LD_PRELOAD is inherited, so an exec'd program gets a pager of its own with the \
 same settings.
 
+Programs the shim cannot reach: LD_PRELOAD is read by the dynamic loader only, so a \
+statically linked program (a Go binary built without cgo, say), a setuid or setgid program \
+(to another user or group), one with file capabilities, and a 32-bit or foreign-architecture \
+one run with nothing managed. run looks at PROG (and at the interpreter of a #! script) \
+before it starts it and says so in one line on stderr.
+
 Exit status: PROG's own (run execs it, signals included). 2 when run cannot start it: a bad \
 flag, a missing program (shells say 127; tierswap says 2 so every failure of its own is 2), \
-or, with --strict, a pager that cannot start (no userfaultfd permission, old kernel). \
-Without --strict such a program runs unmanaged after one warning on stderr.
+or, with --strict, a program the shim cannot reach or a pager that cannot start (no \
+userfaultfd permission, old kernel). Without --strict such a program runs unmanaged after \
+one warning on stderr.
 
 The shim is libtierswap_preload.so beside the tierswap binary, or the file named by \
 TIERSWAP_PRELOAD.";
@@ -135,7 +142,9 @@ pub struct RunArgs {
     /// (a setting wins over the flag it repeats; --help lists them).
     #[arg(long, value_name = "SETTINGS")]
     set: Vec<String>,
-    /// Exit 2 instead of running unmanaged when the pager cannot start.
+    /// Exit 2 instead of running unmanaged when the shim cannot reach PROG (statically
+    /// linked, setuid/setgid, file capabilities, another architecture) or the pager cannot
+    /// start.
     #[arg(long)]
     strict: bool,
     /// Write the pager's counters as JSON to this file when the program exits (%p: its pid).
@@ -153,6 +162,13 @@ pub struct RunArgs {
 pub fn run(a: RunArgs) -> ExitCode {
     match prepare(&a) {
         Ok(mut cmd) => {
+            // Said once, before the program starts: a program the shim cannot reach.
+            if let Some(why) = a.command.first().and_then(|p| crate::reach::unreachable_reason(p)) {
+                if a.strict {
+                    return fail(&format!("{why} (--strict: not started)"));
+                }
+                eprintln!("tierswap run: {}", why.replace(|c: char| c.is_control(), "?"));
+            }
             let err = cmd.exec();
             let prog = a.command.first().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
             fail(&format!("cannot run '{prog}': {}", os_message(&err)))

@@ -240,6 +240,9 @@ fn table(r: &StatsReply) -> String {
         human(s.metadata_bytes),
         human(c.footprint_max)
     );
+    if let Some(anon) = anonymous_bytes(r.pid) {
+        let _ = writeln!(t, "{}", managed_line(s.footprint, anon));
+    }
     let _ = writeln!(t, "swap: {} slots in use", s.swap_slots);
     let _ = writeln!(
         t,
@@ -324,6 +327,31 @@ fn table(r: &StatsReply) -> String {
         );
     }
     t
+}
+
+/// The process's resident anonymous memory (`Anonymous:` of /proc/PID/smaps_rollup), which
+/// holds the pager's footprint (the program's present and staged pages, the pool, the
+/// metadata) and whatever the pager does not manage.
+fn anonymous_bytes(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("Anonymous:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// "managed 812 MiB of 830 MiB anonymous": how much of the resident anonymous memory is
+/// under the pager. The rest (thread stacks, memory mapped before the pager started, shared
+/// or MAP_FIXED mappings, a runtime's own heap) is outside the budget.
+fn managed_line(footprint: u64, anonymous: u64) -> String {
+    // The footprint counts a partly filled pool page whole; never show more than all.
+    let managed = footprint.min(anonymous);
+    format!(
+        "managed {} of {} anonymous ({:.0}%); not managed {}",
+        human(managed),
+        human(anonymous),
+        pct(managed, anonymous),
+        human(anonymous - managed)
+    )
 }
 
 /// Rates between two snapshots `dt` apart.

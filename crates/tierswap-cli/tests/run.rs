@@ -382,6 +382,82 @@ fn without_userfaultfd_one_warning_or_exit_2_under_strict() {
     assert!(left.is_empty(), "nothing left in TMPDIR: {left:?}");
 }
 
+/// A program the shim cannot reach (statically linked, setuid to another user, a script whose
+/// interpreter is one of those) runs unmanaged after one line that says why; --strict: exit
+/// 2 before it starts. A dynamically linked program gets no such line and is managed.
+#[test]
+fn programs_the_shim_cannot_reach_are_named_before_they_start() {
+    // SAFETY: getuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::getuid() },
+        0,
+        "this test makes a setuid program of uid 65534 and needs root (CI runs as root)"
+    );
+    let dir = TestDir::new("reach");
+    let dynamic = compile(&dir, "status");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tierswap-preload/tests/c/status.c");
+    let static_prog = dir.path("status-static");
+    let o = Command::new("cc").args(["-O2", "-static", "-pthread", "-o"]).arg(&static_prog).arg(&src).output().unwrap();
+    assert!(
+        o.status.success(),
+        "cc -static status.c (needs the static libc, libc6-dev):\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let setuid = dir.path("status-setuid");
+    std::fs::copy(&dynamic, &setuid).unwrap();
+    std::os::unix::fs::chown(&setuid, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(&setuid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let script = dir.path("script");
+    std::fs::write(&script, format!("#!{}\n", static_prog.display())).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let st = dir.path("stats.json");
+    let run = |prog: &Path, strict: bool| {
+        let mut flags = vec!["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()];
+        if strict {
+            flags.push("--strict");
+        }
+        run_to_end(tierswap_run(&flags, prog, &["fill-and-check"]))
+    };
+
+    let ran = run(&dynamic, true);
+    assert!(ran.status.success() && ran.stdout.contains("status ok"), "{}", ran.describe());
+    assert!(!ran.stderr.contains("nothing will be managed"), "{}", ran.describe());
+    assert!(st.exists(), "a reachable program is managed and writes its stats");
+    std::fs::remove_file(&st).unwrap();
+
+    let cases = [
+        (
+            &static_prog,
+            format!(
+                "{} is statically linked: LD_PRELOAD cannot reach its memory; nothing will be managed",
+                static_prog.display()
+            ),
+        ),
+        (
+            &setuid,
+            format!(
+                "{} is setuid (to uid 65534): the loader ignores LD_PRELOAD for it; nothing will be managed",
+                setuid.display()
+            ),
+        ),
+    ];
+    for (prog, why) in &cases {
+        let ran = run(prog, false);
+        assert!(ran.status.success() && ran.stdout.contains("status ok"), "it still runs: {}", ran.describe());
+        assert_eq!(ran.stderr, format!("tierswap run: {why}\n"), "one line, before the program: {}", ran.describe());
+        assert!(!st.exists(), "nothing managed, no stats");
+        let ran = run(prog, true);
+        assert_eq!(ran.status.code(), Some(2), "{}", ran.describe());
+        assert!(ran.stdout.is_empty(), "not started: {}", ran.describe());
+        assert_eq!(ran.stderr, format!("tierswap run: {why} (--strict: not started)\n"), "{}", ran.describe());
+    }
+    let ran = run(&script, true);
+    assert_eq!(ran.status.code(), Some(2), "{}", ran.describe());
+    assert!(ran.stdout.is_empty(), "not started: {}", ran.describe());
+    let want = format!("{} (the interpreter of {}) is statically linked", static_prog.display(), script.display());
+    assert!(ran.stderr.contains(&want), "names the interpreter and the script: {}", ran.describe());
+}
+
 /// A program that closes every descriptor it did not open (daemons do) keeps its memory:
 /// the shim keeps the pager's userfaultfd and swap file open.
 #[test]

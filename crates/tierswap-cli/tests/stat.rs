@@ -192,6 +192,28 @@ fn table_json_and_prometheus_show_the_pagers_numbers() {
     assert!(t.contains(&format!("faults {} ", want.counters.faults)), "{t}");
     assert!(t.contains("p99.9 ≤"), "{t}");
 
+    // Managed against anonymous: the footprint, of all the process's resident anonymous
+    // memory; 64 MiB this test holds outside the pager show as not managed.
+    let unmanaged: Vec<u8> = vec![1u8; 64 << 20];
+    let t = stdout(&tierswap(&dir.0, &["stat", &pid_s]));
+    let line = t.lines().find(|l| l.starts_with("managed ")).unwrap_or_else(|| panic!("no managed line: {t}"));
+    let mib = |after: &str| -> f64 {
+        let rest = &line[line.find(after).unwrap_or_else(|| panic!("{line}")) + after.len()..];
+        let mut w = rest.split_whitespace();
+        let v: f64 = w.next().unwrap().parse().unwrap();
+        match w.next().unwrap() {
+            "KiB" => v / 1024.0,
+            "MiB" => v,
+            "GiB" => v * 1024.0,
+            u => panic!("unit {u} in {line}"),
+        }
+    };
+    let (managed, anonymous, not_managed) = (mib("managed "), mib(" of "), mib("not managed "));
+    assert!((managed - want.footprint as f64 / (1 << 20) as f64).abs() < 0.1, "{line} vs footprint {}", want.footprint);
+    assert!(not_managed >= 64.0 && (managed + not_managed - anonymous).abs() < 0.2, "{line}");
+    assert_eq!(unmanaged.iter().map(|&b| b as usize).sum::<usize>(), 64 << 20);
+    drop(unmanaged);
+
     // The list: our process, its command.
     let l = stdout(&tierswap(&dir.0, &["stat"]));
     let line = l.lines().find(|l| l.split_whitespace().next() == Some(&pid_s)).unwrap_or_else(|| panic!("{l}"));
