@@ -396,7 +396,8 @@ fn stage_header(rec: &mut [u8], slot: u64, len: usize) {
 ///   scattered faults.
 ///
 /// Whole reads stop after two whole copies in a row served no other block, and come back
-/// when a smaller copy serves another block or two smaller reads fall in one unit; block
+/// when two smaller copies in a row each served another block or fell in the unit of the
+/// read before; block
 /// reads come back when a read needs records among or beside those the last read was for.
 pub struct UnitCache {
     /// A unit and a block's worth more ([`UnitCache::bytes`]): a request's records may
@@ -424,6 +425,9 @@ pub struct UnitCache {
     whole_pays: bool,
     /// Whole copies in a row that served no other block.
     whole_idle: u8,
+    /// Smaller copies in a row that served another block, or read in the unit the one
+    /// before had read in.
+    small_beyond: u8,
     block_pays: bool,
 }
 
@@ -440,7 +444,7 @@ impl UnitCache {
 
     /// A miss for file bytes `need` (units of `ub` bytes): learn from the copy it replaces
     /// whether whole units, or the rest of a block, would have paid.
-    fn learn_from_miss(&mut self, need: (u64, u64), ub: u64) {
+    fn learn_from_miss(&mut self, need: (u64, u64), ub: u64, evidence: u8) {
         if self.end <= self.start {
             return;
         }
@@ -449,10 +453,18 @@ impl UnitCache {
             // a stream's gap, such as a page that was in the pool).
             self.whole_idle = if self.served_beyond { 0 } else { self.whole_idle.saturating_add(1) };
             self.whole_pays = self.whole_idle < 2;
-        } else if self.served_beyond || self.first_unit == need.0 / ub || self.first_unit == (need.1 - 1) / ub {
+        } else {
             // A smaller copy served another block, or two smaller reads fell in one unit:
-            // the whole unit would have served both.
-            (self.whole_pays, self.whole_idle) = (true, 0);
+            // the whole unit would have served both. Once is what scattered faults do by
+            // chance (pages evicted together share a unit, and a record's 4 KiB read holds
+            // its neighbours): redis under uniform GETs turned whole reads back on every few
+            // faults, and a third of its file reads were 128 KiB ones at 2–3× the time of a
+            // 4–8 KiB read (`bench programs`, `perf trace`). Twice in a row is a stream.
+            let beyond = self.served_beyond || self.first_unit == need.0 / ub || self.first_unit == (need.1 - 1) / ub;
+            self.small_beyond = if beyond { self.small_beyond.saturating_add(1) } else { 0 };
+            if self.small_beyond >= evidence {
+                (self.whole_pays, self.whole_idle, self.small_beyond) = (true, 0, 0);
+            }
         }
         if self.read_block {
             self.block_pays = self.served_block || self.served_beyond;
@@ -485,6 +497,7 @@ impl UnitCache {
             whole: false,
             whole_pays: true,
             whole_idle: 0,
+            small_beyond: 0,
             block_pays: true,
         })
     }
@@ -645,9 +658,19 @@ pub struct FileTier {
     /// Whole reads take the unit after the records' last one too, when the buffer holds it
     /// ([`FileTier::set_read_next_unit`]).
     read_next_unit: std::sync::atomic::AtomicBool,
+    /// Smaller copies in a row whose evidence turns whole reads back on
+    /// ([`FileTier::set_whole_evidence`]).
+    whole_evidence: std::sync::atomic::AtomicU8,
 }
 
 impl FileTier {
+    /// How many smaller copies in a row must each have served another block (or read in
+    /// the unit of the read before) before whole-unit reads come back
+    /// (`PagerConfig::file_whole_evidence`; at least 1).
+    pub fn set_whole_evidence(&self, copies: u8) {
+        self.whole_evidence.store(copies.max(1), Ordering::Relaxed);
+    }
+
     /// Whole-unit reads also take the next unit (`PagerConfig::file_read_next_unit`): a
     /// 128 KiB read where the records reach one 64 KiB unit. That unit is not held by the
     /// reader, so a write can be filling it while it is read; its copy then claims the new
@@ -680,6 +703,7 @@ impl FileTier {
             live_records: AtomicU64::new(0),
             units_in_use: AtomicU64::new(0),
             read_next_unit: std::sync::atomic::AtomicBool::new(false),
+            whole_evidence: std::sync::atomic::AtomicU8::new(crate::config::DEFAULT_FILE_WHOLE_EVIDENCE as u8),
         })
     }
 
@@ -873,7 +897,7 @@ impl FileTier {
             cache.note_hit(need);
             return Ok(0);
         }
-        cache.learn_from_miss(need, ub);
+        cache.learn_from_miss(need, ub, self.whole_evidence.load(Ordering::Relaxed));
         let (lo, hi) = if cache.whole || cache.whole_pays || cache.block_pays { block } else { need };
         let first = lo / ub;
         let next = self.read_next_unit.load(Ordering::Relaxed) as u64;
@@ -1445,9 +1469,12 @@ mod tests {
                     "unit {u}: {span} bytes read for one record"
                 );
             }
-            // A second lone read in one unit reads the whole unit, which serves the next
-            // records of that unit; having paid, the next unit is read whole too, and so on.
-            assert_eq!(read(&mut cache, 3, 15), (Served::Read, ub));
+            // A second lone read in one unit is chance: its record alone. A third in a row
+            // reads the whole unit, which serves the next records of that unit; having
+            // paid, the next unit is read whole too, and so on.
+            let (served, span) = read(&mut cache, 3, 15);
+            assert!(served == Served::Read && span <= 2 * PAGE_SIZE as u64, "{span} bytes read for one record");
+            assert_eq!(read(&mut cache, 3, 2), (Served::Read, ub));
             assert_eq!(read(&mut cache, 3, 16), (Served::Cached, ub));
             assert_eq!(read(&mut cache, 4, 0), (Served::Read, ub));
             let hits = (1..20).filter(|&i| read(&mut cache, 4, i).0 == Served::Cached).count();

@@ -178,6 +178,7 @@ impl Tiers {
                 dir.display()
             )))?;
             f.set_read_next_unit(config.file_read_next_unit);
+            f.set_whole_evidence(config.file_whole_evidence.clamp(1, 8) as u8);
             Some(f)
         } else {
             None
