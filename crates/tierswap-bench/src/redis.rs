@@ -346,19 +346,6 @@ pub fn check_tools() -> Result<(), String> {
     Ok(())
 }
 
-/// The memory controller's root and its file names (v1 on this machine; v2 elsewhere).
-fn memcg_root() -> Option<(PathBuf, &'static str, &'static str, &'static str)> {
-    let v1 = PathBuf::from("/sys/fs/cgroup/memory");
-    if v1.join("memory.limit_in_bytes").exists() {
-        return Some((v1, "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.max_usage_in_bytes"));
-    }
-    let v2 = PathBuf::from("/sys/fs/cgroup");
-    if system::read(v2.join("cgroup.controllers")).unwrap_or_default().split_whitespace().any(|c| c == "memory") {
-        return Some((v2, "memory.max", "memory.current", "memory.peak"));
-    }
-    None
-}
-
 fn start_server(
     setup: Setup,
     spec: &RedisSpec,
@@ -400,7 +387,7 @@ fn start_server(
             cmd.args(redis_args);
         }
         Setup::KernelZswap => {
-            let (root, limit, _, _) = memcg_root().ok_or("no cgroup memory controller")?;
+            let (root, limit, _, _) = system::memcg().ok_or("no cgroup memory controller")?;
             let s = match sys {
                 Some(s) => s,
                 None => sys.insert(System::acquire()?),
@@ -514,7 +501,7 @@ fn one_run_inner(
             use std::sync::atomic::Ordering::Relaxed;
             let mut n = 0u64;
             while !stop.load(Relaxed) {
-                let v = match (&cg, memcg_root()) {
+                let v = match (&cg, system::memcg()) {
                     (Some(cg), Some((_, _, usage, _))) => {
                         system::read(cg.join(usage)).ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
                             + zswap_pool_bytes()
@@ -551,7 +538,7 @@ fn one_run_inner(
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = sampler.join();
     r.peak_bytes = peak.load(std::sync::atomic::Ordering::Relaxed);
-    match (&server.cgroup, memcg_root()) {
+    match (&server.cgroup, system::memcg()) {
         (Some(cg), Some((_, _, _, peak_file))) => {
             let p = system::read(cg.join(peak_file)).ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
             r.peak_bytes = r.peak_bytes.max(p);
@@ -657,7 +644,7 @@ pub fn run(spec: &RedisSpec, progress: bool) -> Result<Vec<RedisRun>, String> {
         if unsafe { libc::geteuid() } != 0 {
             return Err("kernel-zswap needs root (it configures swap, zswap and a memory cgroup)".into());
         }
-        if memcg_root().is_none() {
+        if system::memcg().is_none() {
             return Err("kernel-zswap needs a cgroup memory controller".into());
         }
         for l in system::restore_leftovers() {

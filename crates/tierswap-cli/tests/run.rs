@@ -20,6 +20,21 @@ use common::{
     assert_swapped_both_ways, compile, preload, run_to_end, run_within, stats, tierswap_bin, tierswap_run, TestDir,
 };
 
+/// Runs `tierswap run ARGS`, which must refuse them: exit 2, nothing on stdout, one line on
+/// stderr naming tierswap, and the program (which would create `marker`) never run.
+/// Returns that line.
+fn refused(args: &[&str], marker: &Path) -> String {
+    let mut cmd = Command::new(tierswap_bin());
+    cmd.arg("run").args(args).env("TIERSWAP_PRELOAD", preload());
+    let ran = run_to_end(cmd);
+    assert_eq!(ran.status.code(), Some(2), "{args:?}: {}", ran.describe());
+    assert!(ran.stdout.is_empty(), "{args:?}: nothing on stdout: {}", ran.describe());
+    assert_eq!(ran.stderr.lines().count(), 1, "{args:?}: exactly one line: {}", ran.describe());
+    assert!(ran.stderr.starts_with("tierswap"), "{args:?}: {}", ran.describe());
+    assert!(!marker.exists(), "{args:?}: the program must not run");
+    ran.stderr
+}
+
 #[test]
 fn syscalls_read_and_write_swapped_out_memory() {
     let dir = TestDir::new("syscalls");
@@ -113,15 +128,8 @@ fn bad_arguments_are_one_line_and_exit_2() {
         (vec!["--strict=yes", "--", p], "--strict"),
     ];
     for (args, needle) in cases {
-        let mut cmd = Command::new(tierswap_bin());
-        cmd.arg("run").args(&args).env("TIERSWAP_PRELOAD", preload());
-        let ran = run_to_end(cmd);
-        assert_eq!(ran.status.code(), Some(2), "{args:?}: {}", ran.describe());
-        assert!(ran.stdout.is_empty(), "{args:?}: nothing on stdout: {}", ran.describe());
-        assert_eq!(ran.stderr.lines().count(), 1, "{args:?}: exactly one line: {}", ran.describe());
-        assert!(ran.stderr.starts_with("tierswap"), "{args:?}: {}", ran.describe());
-        assert!(ran.stderr.contains(needle), "{args:?}: expected '{needle}' in: {}", ran.describe());
-        assert!(!marker.exists(), "{args:?}: the program must not run");
+        let stderr = refused(&args, &marker);
+        assert!(stderr.contains(needle), "{args:?}: expected '{needle}' in: {stderr}");
     }
     // The same program with good flags does run (the cases above failed for their flag).
     let ran = run_to_end(tierswap_run(&["--budget", "8M", "--compressor", "lz4"], &prog, &[]));
@@ -146,18 +154,11 @@ fn bad_fault_modes_are_one_line_and_exit_2() {
         vec!["--fault-mode", "sigbus", "--", p],
         vec!["--fault-mode=thread,signal", "--", p],
     ] {
-        let mut cmd = Command::new(tierswap_bin());
-        cmd.arg("run").args(&args).env("TIERSWAP_PRELOAD", preload());
-        let ran = run_to_end(cmd);
-        assert_eq!(ran.status.code(), Some(2), "{args:?}: {}", ran.describe());
-        assert!(ran.stdout.is_empty(), "{args:?}: nothing on stdout: {}", ran.describe());
-        assert_eq!(ran.stderr.lines().count(), 1, "{args:?}: exactly one line: {}", ran.describe());
+        let stderr = refused(&args, &marker);
         assert!(
-            ran.stderr.starts_with("tierswap run: --fault-mode") && ran.stderr.contains("use thread or signal"),
-            "{args:?}: {}",
-            ran.describe()
+            stderr.starts_with("tierswap run: --fault-mode") && stderr.contains("use thread or signal"),
+            "{args:?}: {stderr}"
         );
-        assert!(!marker.exists(), "{args:?}: the program must not run");
     }
     // Either case is taken. (Not with a shell: in signal mode a system call writing into
     // malloc'd memory not touched yet fails with EFAULT, and sh's getcwd does.)
@@ -264,15 +265,8 @@ fn bad_settings_are_one_line_and_exit_2() {
         (vec!["--set", "tiers=zero", "--", p], "nowhere to store a page"),
         (vec!["--set"], "--set"),
     ] {
-        let mut cmd = Command::new(tierswap_bin());
-        cmd.arg("run").args(&args).env("TIERSWAP_PRELOAD", preload());
-        let ran = run_to_end(cmd);
-        assert_eq!(ran.status.code(), Some(2), "{args:?}: {}", ran.describe());
-        assert!(ran.stdout.is_empty(), "{args:?}: nothing on stdout: {}", ran.describe());
-        assert_eq!(ran.stderr.lines().count(), 1, "{args:?}: exactly one line: {}", ran.describe());
-        assert!(ran.stderr.starts_with("tierswap"), "{args:?}: {}", ran.describe());
-        assert!(ran.stderr.contains(needle), "{args:?}: expected '{needle}' in: {}", ran.describe());
-        assert!(!marker.exists(), "{args:?}: the program must not run");
+        let stderr = refused(&args, &marker);
+        assert!(stderr.contains(needle), "{args:?}: expected '{needle}' in: {stderr}");
     }
     let ran = run_to_end(tierswap_run(&["--budget", "8M", "--set", "no-follow:swapin-max=16K"], &prog, &[]));
     assert!(ran.status.success() && marker.exists(), "good settings run the program: {}", ran.describe());

@@ -399,6 +399,20 @@ pub fn restore_leftovers() -> Vec<String> {
     done
 }
 
+/// The memory controller's root and its limit, usage and peak file names: cgroup v1 at
+/// /sys/fs/cgroup/memory (this machine), else v2 with the memory controller on.
+pub fn memcg() -> Option<(PathBuf, &'static str, &'static str, &'static str)> {
+    let v1 = PathBuf::from("/sys/fs/cgroup/memory");
+    if v1.join("memory.limit_in_bytes").exists() {
+        return Some((v1, "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.max_usage_in_bytes"));
+    }
+    let v2 = PathBuf::from("/sys/fs/cgroup");
+    if read(v2.join("cgroup.controllers")).unwrap_or_default().split_whitespace().any(|c| c == "memory") {
+        return Some((v2, "memory.max", "memory.current", "memory.peak"));
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

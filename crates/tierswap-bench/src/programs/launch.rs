@@ -96,19 +96,6 @@ pub fn parse_engines(list: &str) -> Result<Vec<ProgramEngine>, String> {
     Ok(out)
 }
 
-/// The memory controller: root, limit, usage and peak file names (v1 here; v2 elsewhere).
-pub fn memcg() -> Option<(PathBuf, &'static str, &'static str, &'static str)> {
-    let v1 = PathBuf::from("/sys/fs/cgroup/memory");
-    if v1.join("memory.limit_in_bytes").exists() {
-        return Some((v1, "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.max_usage_in_bytes"));
-    }
-    let v2 = PathBuf::from("/sys/fs/cgroup");
-    if system::read(v2.join("cgroup.controllers")).unwrap_or_default().split_whitespace().any(|c| c == "memory") {
-        return Some((v2, "memory.max", "memory.current", "memory.peak"));
-    }
-    None
-}
-
 /// Bytes of zswap's compressed pool now (/proc/meminfo's Zswap).
 pub fn zswap_pool_bytes() -> u64 {
     meminfo_kib("Zswap:") * 1024
@@ -202,7 +189,7 @@ impl Sampler {
         let handle = {
             let (stop, peaks) = (stop.clone(), peaks.clone());
             std::thread::spawn(move || {
-                let usage_file = memcg().map(|m| m.2);
+                let usage_file = system::memcg().map(|m| m.2);
                 while !stop.load(Relaxed) {
                     let usage = match (&cgroup, usage_file) {
                         (Some(cg), Some(f)) => system::read(cg.join(f)).ok().and_then(|v| v.parse().ok()).unwrap_or(0),
@@ -265,7 +252,7 @@ pub fn start(
         }
         ProgramEngine::Kernel(kind) => {
             let (root, limit, _, _) =
-                memcg().ok_or("no cgroup memory controller (v1 at /sys/fs/cgroup/memory or v2)")?;
+                system::memcg().ok_or("no cgroup memory controller (v1 at /sys/fs/cgroup/memory or v2)")?;
             let s = match sys {
                 Some(s) => s,
                 None => sys.insert(System::acquire()?),
@@ -348,7 +335,7 @@ impl Running {
     /// VmHWM read now.
     pub fn peaks(&mut self) -> (Peaks, u64) {
         let mut p = self.sampler.take().map(Sampler::finish).unwrap_or_default();
-        if let (Some(cg), Some((_, _, _, peak_file))) = (&self.cgroup, memcg()) {
+        if let (Some(cg), Some((_, _, _, peak_file))) = (&self.cgroup, system::memcg()) {
             if let Some(v) = system::read(cg.join(peak_file)).ok().and_then(|v| v.parse::<u64>().ok()) {
                 p.memcg_bytes = p.memcg_bytes.max(v);
             }

@@ -632,7 +632,7 @@ pub fn run(spec: &ProgramsSpec) -> Result<Outcome, String> {
         if unsafe { libc::geteuid() } != 0 {
             return Err("the kernel engines need root (they configure swap, zswap and a memory cgroup): run as root, or give --engine tierswap,unconstrained".into());
         }
-        if launch::memcg().is_none() {
+        if crate::kernel::system::memcg().is_none() {
             return Err("the kernel engines need a cgroup memory controller (v1 at /sys/fs/cgroup/memory or v2)".into());
         }
     }
