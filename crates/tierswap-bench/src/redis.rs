@@ -555,13 +555,7 @@ fn one_run_inner(
 /// " (the kernel OOM-killed redis-server in its memcg)" when it did.
 fn oom_note(cg: &Option<PathBuf>) -> &'static str {
     let Some(cg) = cg else { return "" };
-    let kills = system::read(cg.join("memory.oom_control"))
-        .or_else(|_| system::read(cg.join("memory.events")))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse::<u64>().ok()))
-        .unwrap_or(0);
-    if kills > 0 {
+    if system::memcg_oom_kills(cg) > 0 {
         " (the kernel OOM-killed redis-server in its memcg)"
     } else {
         ""

@@ -413,6 +413,17 @@ pub fn memcg() -> Option<(PathBuf, &'static str, &'static str, &'static str)> {
     None
 }
 
+/// How many times the kernel OOM-killed a process of memcg `cg` (v1 `memory.oom_control`,
+/// v2 `memory.events`: their `oom_kill` line); 0 when unreadable.
+pub fn memcg_oom_kills(cg: &Path) -> u64 {
+    read(cg.join("memory.oom_control"))
+        .or_else(|_| read(cg.join("memory.events")))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse::<u64>().ok()))
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

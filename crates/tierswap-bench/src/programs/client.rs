@@ -289,15 +289,29 @@ pub fn load_all(
     stop: &dyn Fn() -> bool,
     tick: &dyn Fn(u64),
 ) -> std::io::Result<()> {
-    let mut i = 0;
-    while i < n {
+    load_range(conn, 0..n, value_bytes, batch, stop, &|_, through| tick(through))
+}
+
+/// Loads keys `keys` through `conn` in batches of `batch`, calling `loaded(count, through)`
+/// after each batch (`count` keys, the last one below `through`); stops with an error when
+/// `stop` says so.
+fn load_range(
+    conn: &mut dyn Conn,
+    keys: std::ops::Range<u64>,
+    value_bytes: usize,
+    batch: u64,
+    stop: &dyn Fn() -> bool,
+    loaded: &dyn Fn(u64, u64),
+) -> std::io::Result<()> {
+    let mut k = keys.start;
+    while k < keys.end {
         if stop() {
             return Err(std::io::Error::other("interrupted"));
         }
-        let count = batch.min(n - i);
-        conn.load(i, count, value_bytes)?;
-        i += count;
-        tick(i);
+        let count = batch.min(keys.end - k);
+        conn.load(k, count, value_bytes)?;
+        k += count;
+        loaded(count, k);
     }
     Ok(())
 }
@@ -321,18 +335,10 @@ pub fn load_parallel(
             .map(|(i, conn)| {
                 let done = &done;
                 let (first, end) = (n * i as u64 / parts, n * (i as u64 + 1) / parts);
-                s.spawn(move || -> std::io::Result<()> {
-                    let mut k = first;
-                    while k < end {
-                        if stop() {
-                            return Err(std::io::Error::other("interrupted"));
-                        }
-                        let count = batch.min(end - k);
-                        conn.load(k, count, value_bytes)?;
-                        k += count;
-                        tick(done.fetch_add(count, Ordering::Relaxed) + count);
-                    }
-                    Ok(())
+                s.spawn(move || {
+                    load_range(conn.as_mut(), first..end, value_bytes, batch, stop, &|count, _| {
+                        tick(done.fetch_add(count, Ordering::Relaxed) + count)
+                    })
                 })
             })
             .collect();

@@ -318,13 +318,7 @@ impl Running {
     /// "(the kernel OOM-killed it in its memcg)" when it did, else "".
     pub fn oom_note(&self) -> &'static str {
         let Some(cg) = &self.cgroup else { return "" };
-        let kills = system::read(cg.join("memory.oom_control"))
-            .or_else(|_| system::read(cg.join("memory.events")))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse::<u64>().ok()))
-            .unwrap_or(0);
-        if kills > 0 {
+        if system::memcg_oom_kills(cg) > 0 {
             OOM_NOTE
         } else {
             ""
