@@ -43,14 +43,18 @@ const LONG_ABOUT: &str = "\
 Runs PROG with its anonymous memory under a budget: cold pages go to a compressed pool \
 in memory and a disk file (unlinked, 0600, encrypted) and come back on the next touch.
 
-Managed: anonymous private read-write mmaps of at least --min-size; and malloc, calloc, \
+Managed: anonymous private mmaps of at least --min-size, read-write or PROT_NONE (a \
+runtime's reservation: the JVM's heap, Go's arenas, V8's pages; what it commits in it \
+with mmap MAP_FIXED or mprotect is managed at once, what it uncommits is given back); \
+and malloc, calloc, \
 realloc, posix_memalign, aligned_alloc, memalign, valloc (--malloc all: every size, from \
 the shim's own heap on managed memory; --malloc large: only sizes of at least --min-size; \
 --malloc off: none). munmap, mremap and madvise pass through and the pager follows them \
 (MADV_FREE on managed memory becomes MADV_DONTNEED).
 
 Not managed: file mappings, shared memory (MAP_SHARED, shm, memfd), thread stacks, \
-MAP_FIXED mappings, memory the program maps before the shim starts, memory of programs \
+MAP_FIXED mappings outside managed memory, executable mappings, memory the program maps \
+before the shim starts, memory of programs \
 that do not use the dynamic libc (static binaries), setuid programs (the loader ignores \
 LD_PRELOAD for them), and the brk heap glibc grows itself when --malloc is off.
 
@@ -58,8 +62,10 @@ Fault mode (--fault-mode): thread, the default, serves a fault on a swapped-out 
 one of the pager's fault threads while the faulting thread sleeps; every access works, a \
 system call's too. signal serves it in the faulting thread itself, in a SIGBUS handler: \
 faster (no hand-off between CPUs), but a read(2)/write(2) (or any system call) whose buffer \
-is swapped out, or malloc'd and not touched yet, fails with EFAULT, and a program that \
-installs its own SIGBUS handler must call the previous one for faults that are not its own.
+is swapped out, or malloc'd and not touched yet, fails with EFAULT (what glibc allocates \
+for itself, a stdio stream's buffer, a directory stream's, stays unmanaged in signal mode \
+so these work), and a program that installs its own SIGBUS handler must call the previous \
+one for faults that are not its own.
 
 fork: a child manages nothing new; what was managed before the fork stays managed. \
 exec: LD_PRELOAD is inherited, so an exec'd program gets a pager of its own with the \
@@ -118,7 +124,7 @@ pub struct RunArgs {
     #[arg(long)]
     swap_dir: Option<PathBuf>,
     /// Smallest mmap that is managed (and, with --malloc large, smallest malloc).
-    #[arg(long, default_value = "1M")]
+    #[arg(long, default_value = "256K")]
     min_size: String,
     /// Which mallocs are managed: all, large (at least --min-size) or off.
     #[arg(long, default_value = "all")]

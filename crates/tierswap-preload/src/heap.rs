@@ -88,7 +88,7 @@ fn new_span(idx: usize) -> Option<(usize, usize)> {
         if n == MAX_ARENAS {
             return None;
         }
-        let base = crate::map_managed(ARENA_BYTES)?;
+        let base = crate::map_managed(ARENA_BYTES, 0)?;
         ARENA_BASE[n].store(base, Ordering::Release);
         ARENA_COUNT.store(n + 1, Ordering::Release);
         cur.arena = n;
@@ -263,7 +263,7 @@ impl LargeTable {
 pub fn alloc_large(n: usize, align: usize) -> Option<*mut u8> {
     let align = align.max(PAGE);
     let len = n.checked_add(align - PAGE)?.checked_next_multiple_of(PAGE)?;
-    let map = crate::map_managed(len)?;
+    let map = crate::map_managed(len, 0)?;
     let p = (map + align - 1) & !(align - 1);
     let ok = LARGE.lock().insert(LargeEntry { key: p, map, len });
     if !ok {

@@ -16,20 +16,98 @@ const MALLOC_ALIGN: usize = 16;
 
 // ---- the mmap family ------------------------------------------------------------------
 
-/// Whether an mmap call is one the shim manages: anonymous, private, read-write, no
-/// address wish, no flags beyond MAP_NORESERVE (which means nothing for managed memory),
-/// and large enough.
-fn mmap_is_managed(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> bool {
-    addr.is_null()
-        && fd == -1
-        && off == 0
-        && prot == libc::PROT_READ | libc::PROT_WRITE
-        && flags & !libc::MAP_NORESERVE == libc::MAP_PRIVATE | libc::MAP_ANONYMOUS
-        && len >= MIN_SIZE.load(Ordering::Relaxed)
-        && managing()
+/// What the shim makes of an mmap call.
+enum MmapKind {
+    /// A new managed mapping: anonymous, private, read-write or `PROT_NONE` (a runtime's
+    /// reservation, committed later in place), at least the minimum size, an address only
+    /// as a hint, no flags beyond MAP_NORESERVE (which means nothing for managed memory).
+    Managed,
+    /// A fixed anonymous private mapping inside one managed mapping, read-write, read-only
+    /// or none: a runtime committing or uncommitting part of its reservation. Done in place
+    /// (see [`commit_in_place`]).
+    InPlace,
+    /// Everything else: the kernel's.
+    Kernel,
 }
 
-/// mmap(2), managed when [`mmap_is_managed`].
+fn mmap_kind(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> MmapKind {
+    const ANON: c_int = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    let anon = fd == -1 && off == 0 && len > 0;
+    let rest = flags & !libc::MAP_NORESERVE;
+    if anon && rest == ANON | libc::MAP_FIXED && matches!(prot, libc::PROT_NONE | libc::PROT_READ | RW) {
+        if (addr as usize).is_multiple_of(PAGE) && crate::inside_one_mapping(addr as usize, len) {
+            return MmapKind::InPlace;
+        }
+        return MmapKind::Kernel;
+    }
+    if anon
+        && rest == ANON
+        && matches!(prot, libc::PROT_NONE | RW)
+        && len >= MIN_SIZE.load(Ordering::Relaxed)
+        && managing()
+    {
+        return MmapKind::Managed;
+    }
+    MmapKind::Kernel
+}
+
+const RW: c_int = libc::PROT_READ | libc::PROT_WRITE;
+
+/// A fresh managed mapping for [`MmapKind::Managed`] (at `addr` when that is free), with
+/// the protection asked for; None when the pager cannot make one.
+fn map_fresh(addr: *mut c_void, len: size_t, prot: c_int) -> Option<*mut c_void> {
+    let p = crate::map_managed(len, addr as usize)?;
+    // SAFETY: our fresh managed mapping, not handed out yet.
+    if prot != RW && unsafe { protect(p, len, prot) } != 0 {
+        // SAFETY: as above; the pager follows the unmap (UNMAP event).
+        unsafe { raw::munmap(p, len) };
+        return None;
+    }
+    Some(p as *mut c_void)
+}
+
+/// [`MmapKind::InPlace`]: a fixed anonymous mapping replaces what was there with zero pages
+/// under `prot`. Over managed memory that is MADV_DONTNEED (the pager frees the slots
+/// through the REMOVE event; the next touch reads zeros) and mprotect, which keeps the
+/// range registered: a runtime's commits into its reservation (JVM, Go, V8) become managed
+/// memory at once, and its uncommits give everything back. False when either call fails
+/// (part of the range not mapped): the caller lets the kernel do it.
+fn commit_in_place(addr: usize, len: usize, prot: c_int) -> bool {
+    let len = len.div_ceil(PAGE) * PAGE;
+    // SAFETY: the program asked for the range to be replaced by fresh zero pages.
+    if unsafe { raw::madvise(addr, len, libc::MADV_DONTNEED) } != 0 {
+        return false;
+    }
+    // SAFETY: the program asked for this protection of the range.
+    unsafe { protect(addr, len, prot) == 0 }
+}
+
+/// mprotect(2) with the pager told (mm/protect.rs): before the call when the pages stop
+/// being read-write (reclaim must not take a failed move for a bug while the call is under
+/// way), after it when they become read-write (fault-around must not reach pages the
+/// program cannot touch yet). A failed call leaves read-write pages noted as not, which
+/// only keeps them present.
+///
+/// # Safety
+/// As [`raw::mprotect`].
+unsafe fn protect(addr: usize, len: usize, prot: c_int) -> c_int {
+    if len == 0 {
+        // SAFETY: the caller's call, unchanged.
+        return unsafe { raw::mprotect(addr, len, prot) };
+    }
+    let rw = prot & (RW | libc::PROT_EXEC) == RW;
+    if !rw {
+        crate::note_protection(addr, len, prot);
+    }
+    // SAFETY: the caller accepts the new protection.
+    let r = unsafe { raw::mprotect(addr, len, prot) };
+    if rw && r == 0 {
+        crate::note_protection(addr, len, prot);
+    }
+    r
+}
+
+/// mmap(2): see [`MmapKind`].
 #[no_mangle]
 pub extern "C" fn mmap(
     addr: *mut c_void,
@@ -39,13 +117,25 @@ pub extern "C" fn mmap(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
-    if mmap_is_managed(addr, len, prot, flags, fd, off) {
-        if let Some(p) = crate::map_managed(len) {
-            return p as *mut c_void;
+    match mmap_kind(addr, len, prot, flags, fd, off) {
+        MmapKind::Managed => {
+            if let Some(p) = map_fresh(addr, len, prot) {
+                return p;
+            }
         }
+        MmapKind::InPlace if commit_in_place(addr as usize, len, prot) => return addr,
+        _ => {}
     }
     // SAFETY: the program's own mmap call, forwarded unchanged.
     raw::syscall_result(unsafe { raw::mmap(addr as usize, len, prot, flags, fd, off) }) as *mut c_void
+}
+
+/// mprotect(2), passed through; the pager is told when it changes managed memory (pages
+/// that are not read-write stay out of fault-around and staging, mm/protect.rs).
+#[no_mangle]
+pub extern "C" fn mprotect(addr: *mut c_void, len: size_t, prot: c_int) -> c_int {
+    // SAFETY: the program's own mprotect call, forwarded unchanged.
+    raw::syscall_result(unsafe { protect(addr as usize, len, prot) } as isize) as c_int
 }
 
 /// mmap64(2): the same as mmap on 64-bit.
@@ -245,9 +335,56 @@ fn release(p: *mut u8) {
     }
 }
 
-/// malloc(3).
-#[no_mangle]
-pub extern "C" fn malloc(n: size_t) -> *mut c_void {
+// malloc, calloc and realloc want to know who called them: glibc's own allocations stay
+// glibc's in signal mode (see `crate::LIBC_TEXT`). Rust has no stable way to read a return
+// address, so each entry is a naked trampoline that passes its return address (at [rsp] on
+// x86_64, in x30 on aarch64, on entry) as one more argument to the body and jumps there;
+// the stack is as the caller left it, so the body runs as if called directly. Elsewhere
+// the caller is unknown (0) and every allocation is treated alike.
+
+/// Defines the C entry `$name($args) -> $ret` that jumps to `$body($args, caller)`; `$x86`
+/// and `$arm` are the argument registers that take the caller (the one after the last).
+macro_rules! entry_with_caller {
+    ($(#[$doc:meta])* $name:ident($($a:ident: $t:ty),*) -> $ret:ty => $body:ident, $x86:literal, $arm:literal) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[no_mangle]
+        // SAFETY: the trampoline only copies the return address (at [rsp] on entry) into a
+        // free argument register and tail-jumps to a body taking exactly one more argument,
+        // with the stack untouched.
+        #[unsafe(naked)]
+        pub extern "C" fn $name($($a: $t),*) -> $ret {
+            core::arch::naked_asm!(concat!("mov ", $x86, ", [rsp]"), "jmp {body}", body = sym $body)
+        }
+
+        $(#[$doc])*
+        #[cfg(target_arch = "aarch64")]
+        #[no_mangle]
+        // SAFETY: as on x86_64; the return address is in the link register x30 on entry.
+        #[unsafe(naked)]
+        pub extern "C" fn $name($($a: $t),*) -> $ret {
+            core::arch::naked_asm!(concat!("mov ", $arm, ", x30"), "b {body}", body = sym $body)
+        }
+
+        $(#[$doc])*
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        #[no_mangle]
+        pub extern "C" fn $name($($a: $t),*) -> $ret {
+            $body($($a,)* 0)
+        }
+    };
+}
+
+entry_with_caller! {
+    /// malloc(3).
+    malloc(n: size_t) -> *mut c_void => malloc_from, "rsi", "x1"
+}
+
+extern "C" fn malloc_from(n: size_t, caller: usize) -> *mut c_void {
+    if crate::called_from_libc(caller) {
+        // SAFETY: glibc's malloc, for glibc's own use.
+        return unsafe { raw::__libc_malloc(n) };
+    }
     alloc(n, MALLOC_ALIGN) as *mut c_void
 }
 
@@ -257,14 +394,17 @@ pub extern "C" fn free(p: *mut c_void) {
     release(p as *mut u8)
 }
 
-/// calloc(3). A large allocation of ours is a fresh mapping, already zero: not touched.
-#[no_mangle]
-pub extern "C" fn calloc(count: size_t, size: size_t) -> *mut c_void {
+entry_with_caller! {
+    /// calloc(3). A large allocation of ours is a fresh mapping, already zero: not touched.
+    calloc(count: size_t, size: size_t) -> *mut c_void => calloc_from, "rdx", "x2"
+}
+
+extern "C" fn calloc_from(count: size_t, size: size_t, caller: usize) -> *mut c_void {
     let Some(n) = count.checked_mul(size) else {
         raw::set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
-    if !managing() {
+    if !managing() || crate::called_from_libc(caller) {
         // SAFETY: glibc's calloc.
         return unsafe { raw::__libc_calloc(count, size) };
     }
@@ -280,14 +420,17 @@ pub extern "C" fn calloc(count: size_t, size: size_t) -> *mut c_void {
     p as *mut c_void
 }
 
-/// realloc(3). Ours grow by allocate-copy-free (or mremap with TIERSWAP_REALLOC_MREMAP=1,
-/// once the pager follows REMAP events); glibc's stay glibc's unless they grow into a size
-/// the shim serves.
-#[no_mangle]
-pub extern "C" fn realloc(p: *mut c_void, n: size_t) -> *mut c_void {
+entry_with_caller! {
+    /// realloc(3). Ours grow by allocate-copy-free (or mremap with TIERSWAP_REALLOC_MREMAP=1,
+    /// once the pager follows REMAP events); glibc's stay glibc's unless they grow into a size
+    /// the shim serves (and, in signal mode, glibc's own stay glibc's).
+    realloc(p: *mut c_void, n: size_t) -> *mut c_void => realloc_from, "rdx", "x2"
+}
+
+extern "C" fn realloc_from(p: *mut c_void, n: size_t, caller: usize) -> *mut c_void {
     let p = p as *mut u8;
     if p.is_null() {
-        return malloc(n);
+        return malloc_from(n, caller);
     }
     if n == 0 {
         release(p);
@@ -299,6 +442,7 @@ pub extern "C" fn realloc(p: *mut c_void, n: size_t) -> *mut c_void {
         Owner::Small(u) | Owner::Large(u, _, _) => u,
         Owner::Libc => {
             let wants_ours = managing()
+                && !crate::called_from_libc(caller)
                 && match MALLOC_MODE.load(Ordering::Relaxed) {
                     MALLOC_ALL => n >= MIN_SIZE.load(Ordering::Relaxed).min(SMALL_MAX),
                     MALLOC_LARGE => n >= MIN_SIZE.load(Ordering::Relaxed),

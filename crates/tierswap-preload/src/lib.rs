@@ -3,10 +3,17 @@
 //! program; this library does the rest from inside it.
 //!
 //! What is managed:
-//! - anonymous private read-write `mmap`s of at least `TIERSWAP_MIN_SIZE` bytes (default 1 MiB;
-//!   python's pymalloc arenas are 1 MiB, jemalloc's extents 2 MiB and up) made with no
-//!   address hint: they become [`tierswap::Pager::map_detached`] mappings. Everything else
-//!   (files, shared, fixed, stacks, small) goes to the kernel untouched.
+//! - anonymous private `mmap`s of at least `TIERSWAP_MIN_SIZE` bytes (default 256 KiB: V8
+//!   maps its heap a 256 KiB page at a time, python's pymalloc arenas are 1 MiB, jemalloc's
+//!   extents 2 MiB and up), read-write or `PROT_NONE`, an address taken as a hint only:
+//!   they become [`tierswap::Pager::map_detached_near`] mappings. A `PROT_NONE` one is a
+//!   managed runtime's reservation (the JVM's heap, Go's arenas, V8's pages): its commits
+//!   (`mmap(MAP_FIXED)` of read-write anonymous memory over part of it, or `mprotect`) are
+//!   managed memory at once; a fixed anonymous mapping inside managed memory is done in
+//!   place (MADV_DONTNEED + mprotect: the same zero pages, the registration kept), and
+//!   every `mprotect` of managed memory is told to the pager (pages that are not read-write
+//!   cannot be staged, see `tierswap::mm::protect`). Everything else (files, shared, fixed
+//!   elsewhere, executable, stacks, small) goes to the kernel untouched.
 //! - the malloc family (`TIERSWAP_MALLOC`, default `all`): glibc's malloc uses the brk heap
 //!   and an internal mmap the shim cannot see, so the shim serves malloc itself from
 //!   managed memory (see [`heap`]). `large` manages only allocations of at least the
@@ -71,8 +78,8 @@ pub(crate) static REALLOC_MREMAP: AtomicU8 = AtomicU8::new(0);
 /// glibc's malloc_usable_size (it has no `__libc_` alias), found at start-up.
 pub(crate) static LIBC_USABLE_SIZE: AtomicUsize = AtomicUsize::new(0);
 
-/// Default `TIERSWAP_MIN_SIZE`: 1 MiB.
-pub const DEFAULT_MIN_SIZE: usize = 1 << 20;
+/// Default `TIERSWAP_MIN_SIZE`: 256 KiB (V8's heap pages; see the crate comment).
+pub const DEFAULT_MIN_SIZE: usize = 256 << 10;
 
 static PAGER: OnceLock<Pager> = OnceLock::new();
 /// The control socket (lives as long as the process).
@@ -93,11 +100,12 @@ pub(crate) fn managing() -> bool {
     STATE.load(Ordering::Acquire) == STATE_READY && raw::thread_may_manage()
 }
 
-/// A fresh managed mapping of `len_bytes`, or `None` (the caller passes through).
-pub(crate) fn map_managed(len_bytes: usize) -> Option<usize> {
+/// A fresh managed mapping of `len_bytes` (at `near` when that is free, 0: anywhere), or
+/// `None` (the caller passes through).
+pub(crate) fn map_managed(len_bytes: usize, near: usize) -> Option<usize> {
     let pager = PAGER.get()?;
     let _inside = raw::InPager::enter();
-    match pager.map_detached(len_bytes, Hint::Normal) {
+    match pager.map_detached_near(len_bytes, Hint::Normal, near) {
         Ok(p) => Some(p as usize),
         Err(e) => {
             if SETTINGS.get().is_some_and(|s| s.log) {
@@ -120,6 +128,31 @@ pub(crate) fn adopt_grown(addr: usize, len_bytes: usize) {
             );
         }
     }
+}
+
+/// Tells the pager the program set the protection of `[addr, addr + len_bytes)` to `prot`
+/// (nothing in a fork child, whose memory the parent's pager knows as of the fork).
+pub(crate) fn note_protection(addr: usize, len_bytes: usize, prot: i32) {
+    if STATE.load(Ordering::Acquire) != STATE_READY || !raw::thread_may_manage() {
+        return;
+    }
+    let _inside = raw::InPager::enter();
+    if let Some(p) = PAGER.get() {
+        p.note_protection(addr, len_bytes, prot);
+    }
+}
+
+/// Whether `[addr, addr + len_bytes)` lies inside one managed mapping (see [`is_managed`]).
+pub(crate) fn inside_one_mapping(addr: usize, len_bytes: usize) -> bool {
+    if len_bytes == 0 || STATE.load(Ordering::Acquire) != STATE_READY || !raw::thread_may_manage() {
+        return false;
+    }
+    let Some(last) = addr.checked_add(len_bytes - 1) else { return false };
+    let _inside = raw::InPager::enter();
+    PAGER.get().is_some_and(|p| match (p.mapping_of(addr), p.mapping_of(last)) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    })
 }
 
 /// Whether `addr` is in memory the pager manages (false in a fork child: the pager's locks
@@ -204,6 +237,9 @@ extern "C" fn init() {
         Ok(x) => x,
         Err(reason) => return refuse(&reason),
     };
+    if cfg.fault_mode == tierswap::FaultMode::Signal {
+        find_libc_text();
+    }
     let summary = format!(
         "budget {} MiB, tiers {}{}{}, min size {} KiB{}",
         cfg.budget_bytes >> 20,
@@ -282,6 +318,54 @@ fn refuse_strict(reason: &str) -> ! {
     );
     // SAFETY: _exit ends the process at once; nothing of ours needs flushing.
     unsafe { libc::_exit(2) }
+}
+
+/// In signal mode, the executable segment of glibc itself, `[start, end)`; `[0, 0)` in
+/// thread mode. Allocations glibc makes for its own use (a stdio stream's buffer, opendir's
+/// dirent buffer, getline's line) are handed to system calls (write(2) of a full or
+/// flushed stdout buffer, getdents64), and in signal mode a system call whose buffer is
+/// swapped out fails with EFAULT: a program's buffered output was lost at exit when its
+/// stdout buffer had been evicted. The malloc family asks who called it and leaves such
+/// allocations to glibc, unmanaged (a few KiB per stream).
+pub(crate) static LIBC_TEXT: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
+/// Finds glibc's executable segment for [`LIBC_TEXT`] (a plain walk of the loaded objects;
+/// it may allocate: the shim is not serving yet).
+fn find_libc_text() {
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        _data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: the loader hands a valid dl_phdr_info for the duration of the callback;
+        // dlpi_name is NUL-terminated (maybe empty), dlpi_phdr has dlpi_phnum entries.
+        let info = unsafe { &*info };
+        if info.dlpi_name.is_null() {
+            return 0;
+        }
+        // SAFETY: as above.
+        let name = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_bytes();
+        let file = name.rsplit(|&b| b == b'/').next().unwrap_or(name);
+        if !file.starts_with(b"libc.so") {
+            return 0;
+        }
+        // SAFETY: as above.
+        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+        let Some(text) = phdrs.iter().find(|ph| ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_X != 0) else {
+            return 0;
+        };
+        let start = info.dlpi_addr as usize + text.p_vaddr as usize;
+        LIBC_TEXT[0].store(start, Ordering::Relaxed);
+        LIBC_TEXT[1].store(start + text.p_memsz as usize, Ordering::Relaxed);
+        1
+    }
+    // SAFETY: dl_iterate_phdr calls `visit` once per loaded object, on this thread.
+    unsafe { libc::dl_iterate_phdr(Some(visit), std::ptr::null_mut()) };
+}
+
+/// Whether `caller` (a return address) is inside glibc: see [`LIBC_TEXT`].
+pub(crate) fn called_from_libc(caller: usize) -> bool {
+    caller >= LIBC_TEXT[0].load(Ordering::Relaxed) && caller < LIBC_TEXT[1].load(Ordering::Relaxed)
 }
 
 fn find_libc_usable_size() {

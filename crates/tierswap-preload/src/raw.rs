@@ -49,6 +49,15 @@ pub unsafe fn madvise(addr: usize, len: usize, advice: i32) -> i32 {
     unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) as i32 }
 }
 
+/// `mprotect` as the kernel sees it.
+///
+/// # Safety
+/// Accesses the new protection forbids fault (SIGSEGV) afterwards.
+pub unsafe fn mprotect(addr: usize, len: usize, prot: i32) -> i32 {
+    // SAFETY: the caller accepts the new protection of the range.
+    unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) as i32 }
+}
+
 /// `mremap` as the kernel sees it (`new_addr` only read with MREMAP_FIXED).
 ///
 /// # Safety

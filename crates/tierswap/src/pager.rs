@@ -90,7 +90,7 @@ impl Pager {
 
     /// Maps `len_bytes` (rounded up to pages) of anonymous memory managed by this pager.
     pub fn region(&self, len_bytes: usize, hint: Hint) -> Result<Region> {
-        let inner = self.shared.map_region(len_bytes, hint, false)?;
+        let inner = self.shared.map_region(len_bytes, hint, false, 0)?;
         Ok(Region { inner, shared: self.shared.clone(), _threads: self.threads.clone() })
     }
 
@@ -102,7 +102,14 @@ impl Pager {
     /// A pager that handed out a detached mapping keeps its threads until the process
     /// exits: the mapping's pages may be swapped out, and only they can bring them back.
     pub fn map_detached(&self, len_bytes: usize, hint: Hint) -> Result<*mut u8> {
-        let inner = self.shared.map_region(len_bytes, hint, true)?;
+        self.map_detached_near(len_bytes, hint, 0)
+    }
+
+    /// [`Pager::map_detached`] at `near` when that range is free, as mmap(2) takes an
+    /// address hint without MAP_FIXED (runtimes ask for their heap at an address of their
+    /// choosing and look elsewhere when they do not get it); 0: anywhere.
+    pub fn map_detached_near(&self, len_bytes: usize, hint: Hint, near: usize) -> Result<*mut u8> {
+        let inner = self.shared.map_region(len_bytes, hint, true, near)?;
         if !self.shared.keepalive.swap(true, Ordering::AcqRel) {
             std::mem::forget(self.threads.clone());
         }
@@ -134,6 +141,19 @@ impl Pager {
         let r = s.new_region_at(addr, len_bytes / PAGE_SIZE, hint, mode, true)?;
         s.enter_region(r);
         Ok(())
+    }
+
+    /// The program changed the protection of `[addr, addr + len_bytes)` to `prot`
+    /// (mprotect(2), or a fixed mapping the shim turned into one): pages of managed memory
+    /// there that are not plain read-write stay out of first-touch fault-around and are
+    /// not staged (see [`crate::mm::protect`]). For the shim, after the call succeeded.
+    pub fn note_protection(&self, addr: usize, len_bytes: usize, prot: i32) {
+        let rw = prot & (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) == libc::PROT_READ | libc::PROT_WRITE;
+        let end = addr.saturating_add(crate::page::round_up_pages(len_bytes));
+        let pieces = self.shared.regions.map.read().unwrap_or_else(|e| e.into_inner()).overlapping(addr, end);
+        for p in pieces {
+            p.region.protections.set(p.lo, p.hi, rw);
+        }
     }
 
     /// What the pager knows of the address `addr`, for a hang report: the region map's

@@ -179,6 +179,9 @@ counters! {
     /// Pages a staging UFFDIO_MOVE moved without counting them (Linux 6.18: EEXIST on its
     /// own uncounted batch), found in the staging window and taken as moved.
     move_uncounted,
+    /// Pages reclaim left present because the program made them other than plain
+    /// read-write (mprotect): UFFDIO_MOVE wants equal protections (mm/protect.rs).
+    stage_skipped_protected,
     /// Pages of forked children served from the parent's swap.
     child_faults,
     /// Swapped pages a fork shared with the child by slot (a swap count more).

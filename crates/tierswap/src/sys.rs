@@ -12,14 +12,24 @@ pub fn mmap_reserve(len_bytes: usize) -> io::Result<usize> {
     mmap_anon(len_bytes, libc::MAP_NORESERVE)
 }
 
+/// As [`mmap_reserve`], at `near` when that range is free (a hint, as mmap(2) takes it:
+/// the kernel picks another address when it is not; 0: no wish).
+pub fn mmap_reserve_near(near: usize, len_bytes: usize) -> io::Result<usize> {
+    mmap_anon_near(near, len_bytes, libc::MAP_NORESERVE)
+}
+
 /// Maps `len_bytes` of private anonymous memory with extra `flags`.
 pub fn mmap_anon(len_bytes: usize, flags: i32) -> io::Result<usize> {
+    mmap_anon_near(0, len_bytes, flags)
+}
+
+fn mmap_anon_near(near: usize, len_bytes: usize, flags: i32) -> io::Result<usize> {
     let len = crate::page::round_up_pages(len_bytes.max(1));
     // SAFETY: a fresh anonymous mapping at an address the kernel picks; it aliases nothing.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_mmap,
-            0usize,
+            near,
             len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,

@@ -49,7 +49,10 @@ pub(super) fn first_touch_around(s: &Shared, r: &RegionInner, idx: usize, write:
     let max = (s.config.fault_around_max_pages as usize).min(budget_pages / 64).clamp(1, MAX_FAULT_AROUND_PAGES);
     let window = (r.first_touch_window.load(Ordering::Relaxed) * 2).clamp(BLOCK_PAGES.min(max), max);
     r.first_touch_window.store(window, Ordering::Relaxed);
+    // Not into pages the program cannot touch (an uncommitted part of a reservation): the
+    // kernel would install them, and reclaim could not stage them (mm/protect.rs).
     let to = (idx + window).min(r.n_pages);
+    let to = r.protections.first_in(idx + 1, to).unwrap_or(to);
     let mut olds = [Pte::NONE; MAX_FAULT_AROUND_PAGES];
     let mut end = idx + 1;
     while end < to {

@@ -32,14 +32,21 @@ const STALE_EXTENT_PATIENCE: Duration = Duration::from_secs(60);
 type Claim<'a> = (Busy, std::sync::MutexGuard<'a, ()>);
 
 impl Shared {
-    /// Maps a program range and its mirror, registers both and enters the region in the map.
-    pub(crate) fn map_region(&self, len_bytes: usize, hint: Hint, detached: bool) -> Result<Arc<RegionInner>> {
+    /// Maps a program range (at `near` when that is free, 0: anywhere) and its mirror,
+    /// registers both and enters the region in the map.
+    pub(crate) fn map_region(
+        &self,
+        len_bytes: usize,
+        hint: Hint,
+        detached: bool,
+        near: usize,
+    ) -> Result<Arc<RegionInner>> {
         if len_bytes == 0 || len_bytes > MAX_REGION_BYTES {
             return Err(Error::RegionSize { len_bytes });
         }
         let n_pages = pages_for(len_bytes);
         let len = pages_to_bytes(n_pages);
-        let start = sys::mmap_reserve(len).map_err(io_err(format!("cannot map a region of {len} bytes")))?;
+        let start = sys::mmap_reserve_near(near, len).map_err(io_err(format!("cannot map a region of {len} bytes")))?;
         let undo = |e: Error| {
             // SAFETY: the mapping is ours and unused.
             unsafe {
@@ -179,6 +186,7 @@ impl Shared {
             gone: AtomicBool::new(false),
             leaving: AtomicU32::new(0),
             marked_in: AtomicU64::new(0),
+            protections: Default::default(),
         }))
     }
 }

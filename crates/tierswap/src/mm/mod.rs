@@ -32,6 +32,7 @@ pub(crate) mod changes;
 pub(crate) mod children;
 pub(crate) mod error;
 pub(crate) mod mapping;
+pub(crate) mod protect;
 pub(crate) mod region;
 pub(crate) mod slots;
 pub(crate) mod swap_io;

@@ -60,6 +60,8 @@ pub(crate) struct RegionInner {
     /// The batch of events ([`Gates::event_batch`](super::Gates::event_batch)) whose read marked this range leaving
     /// too, until that batch is handled; 0: none.
     pub(crate) marked_in: AtomicU64,
+    /// Pages the program made other than plain read-write (see [`super::protect`]).
+    pub(crate) protections: super::protect::Protections,
 }
 
 impl RegionInner {

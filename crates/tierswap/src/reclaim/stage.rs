@@ -441,6 +441,11 @@ impl Reclaim {
             // The program unmapped or moved the range (munmap / mremap): its event is on
             // the way and settles these ptes. Nothing to say.
             uffd::Error::BadAddress { .. } => Some(PteState::Present),
+            // A page under a protection other than read-write (mm/protect.rs): it stays.
+            uffd::Error::Invalid { .. } if r.protections.first_in(at, at + 1).is_some() => {
+                self.s.counters.stage_skipped_protected.fetch_add(1, Ordering::Relaxed);
+                Some(PteState::Present)
+            }
             e => {
                 eprintln!("tierswap: staging pages at {:#x} failed: {e}", r.page_addr(at));
                 Some(PteState::Present)
