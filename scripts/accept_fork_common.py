@@ -88,14 +88,14 @@ def python():
     return sys.executable
 
 
-def run_sampled(argv, timeout_s, env=None):
-    """Runs `argv` to the end, sampling its tree. Returns (returncode, stdout, stderr,
+def run_sampled(argv, timeout_s, env=None, period_s=0.02):
+    """Runs `argv` to the end, sampling its tree every `period_s`. Returns (returncode, stdout, stderr,
     wall seconds, peak tree RSS bytes, processes at the peak); a run past `timeout_s` is
     killed and returns code None."""
     t0 = time.monotonic()
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          process_group=0)
-    sampler = TreeSampler(p.pid)
+    sampler = TreeSampler(p.pid, period_s)
     try:
         out, err = p.communicate(timeout=timeout_s)
         code = p.returncode

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what tierswap needs on a fresh Debian machine: a C compiler (zstd-sys builds
 # zstd from source), pkg-config, the swap tools the lab uses, and the programs `bench programs`
-# runs (redis-server, memcached, python3); checks the Rust toolchain.
+# runs (redis-server, memcached, python3), the runtimes the tests run (a JDK, Node.js, Go);
+# checks the Rust toolchain.
 # Idempotent: does nothing when everything is there.
 set -euo pipefail
 
@@ -15,6 +16,10 @@ command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)   # the remo
 command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
 command -v memcached >/dev/null 2>&1 || need_apt+=(memcached)   # bench programs
 [ -x /usr/bin/python3 ] || need_apt+=(python3)   # bench programs runs Debian's interpreter (sqlite3 is in its stdlib)
+# The runtimes' tests (crates/tierswap-cli/tests/runtimes.rs): a JDK, Node.js, Go.
+command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
+command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ] || need_apt+=(golang-go)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: missing ${need_apt[*]}; run as root or install them: apt-get install ${need_apt[*]}" >&2

@@ -431,6 +431,18 @@ extern "C" fn at_exit() {
             eprintln!("tierswap: cannot write the stats to {path} (TIERSWAP_STATS_ON_EXIT): {e}");
         }
     }
+    if let Some(line) = unmanaged_at_exit(stats.footprint, stats.budget) {
+        let strict = std::env::var("TIERSWAP_STRICT").is_ok_and(|v| v == "1");
+        eprintln!("tierswap: {line}{}", if strict { " (--strict: exit status 2)" } else { "" });
+        if strict {
+            // SAFETY: fflush(NULL) flushes every stdio stream; _exit ends the process with
+            // the status --strict promised (exit() from an atexit handler is undefined).
+            unsafe {
+                libc::fflush(std::ptr::null_mut());
+                libc::_exit(2)
+            }
+        }
+    }
     if settings.log {
         let c = &stats.counters;
         eprintln!(
@@ -445,6 +457,44 @@ extern "C" fn at_exit() {
             c.faults
         );
     }
+}
+
+/// At exit, the line that says the budget did not hold because most of the process's
+/// memory was out of the shim's reach, or None. Resident memory from /proc/self/status:
+/// anonymous memory the pager does not hold (`RssAnon` beyond the footprint: memory mapped
+/// before the shim started, by raw system calls, under --min-size, thread stacks), shared
+/// memory (`RssShmem`: MAP_SHARED, memfd, shm; ZGC's heap) and file pages (`RssFile`, named
+/// for the reader, not counted: the kernel reclaims them on its own). Said when what is
+/// out of reach is over the budget (and over 64 MiB, so a small program under a tiny
+/// budget is not told about its libraries) and more than what is managed.
+fn unmanaged_at_exit(footprint: u64, budget: u64) -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = |key: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+            << 10
+    };
+    let (anon, shmem, file) = (kib("RssAnon:"), kib("RssShmem:"), kib("RssFile:"));
+    let managed = footprint.min(anon);
+    let out = anon - managed + shmem;
+    if out <= budget.max(64 << 20) || out <= managed {
+        return None;
+    }
+    let mib = |b: u64| b >> 20;
+    Some(format!(
+        "{} (pid {}) exits with {} MiB resident that tierswap could not manage ({} MiB anonymous outside the shim's mappings, {} MiB shared memory: MAP_SHARED, memfd, shm), over its budget of {} MiB; managed {} MiB (file pages, the kernel's to reclaim: {} MiB). See `tierswap run --help`, \"Not managed\"",
+        program_name(),
+        std::process::id(),
+        mib(out),
+        mib(anon - managed),
+        mib(shmem),
+        mib(budget),
+        mib(managed),
+        mib(file)
+    ))
 }
 
 #[cfg(not(test))]

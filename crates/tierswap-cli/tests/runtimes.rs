@@ -1,0 +1,236 @@
+//! Managed runtimes under `tierswap run`: the JVM (G1, Parallel, Serial; ZGC's shared heap
+//! told apart), Node.js (Buffers and V8's heap) and Go built with cgo, each with a program
+//! of its own language (tests/runtimes) that fills memory well beyond the budget, verifies
+//! every byte it wrote and prints its peak resident memory (VmHWM). The budget holds when
+//! that peak stays near the budget plus what the same runtime takes running nothing
+//! (measured natively in the same test); unmanaged, it is the whole fill on top.
+//!
+//! The runtimes come from the machine: `java`/`javac` (OpenJDK 17), `node`, `go` (on PATH
+//! or /usr/local/go/bin); scripts/setup.sh installs what is missing.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{run_to_end, tierswap_run, TestDir};
+
+const BUDGET: &str = "64M";
+const BUDGET_KIB: u64 = 64 << 10;
+/// MiB each program fills: three times the budget.
+const FILL_MIB: &str = "192";
+
+/// Where a runtime's tool is: on PATH, else at one of `also`.
+fn tool(name: &str, also: &[&str]) -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|c| c.is_file()))
+        .unwrap_or_default();
+    on_path
+        .or_else(|| also.iter().map(PathBuf::from).find(|c| c.is_file()))
+        .unwrap_or_else(|| panic!("{name} is missing: these tests run real runtimes (scripts/setup.sh installs them)"))
+}
+
+fn sources() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/runtimes")
+}
+
+/// The program's "vmhwm_kib N" line.
+fn vmhwm_kib(stdout: &str) -> u64 {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("vmhwm_kib "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no vmhwm_kib line in:\n{stdout}"))
+}
+
+/// Runs `cmd` natively (no shim) and returns the peak resident memory it printed: the
+/// runtime running (next to) nothing.
+fn native_peak(mut cmd: Command, ok: &str) -> u64 {
+    cmd.env_remove("LD_PRELOAD");
+    let ran = run_to_end(cmd);
+    assert!(ran.status.success() && ran.stdout.contains(ok), "native run: {}", ran.describe());
+    vmhwm_kib(&ran.stdout)
+}
+
+/// Under the budget the peak stays within the budget plus the runtime's own (a quarter of
+/// the budget on top for reclaim catching up with a fast fill); unmanaged, the fill of 192
+/// MiB would add to it in full.
+fn assert_within_budget(what: &str, peak_kib: u64, trivial_kib: u64, ran: &common::Ran) {
+    let limit = BUDGET_KIB * 5 / 4 + trivial_kib;
+    assert!(
+        peak_kib <= limit,
+        "{what}: peak resident {} MiB over {} MiB (budget {BUDGET} × 1.25 + the runtime alone {} MiB): its heap escaped the budget\n{}",
+        peak_kib >> 10,
+        limit >> 10,
+        trivial_kib >> 10,
+        ran.describe()
+    );
+}
+
+fn javac(dir: &TestDir) {
+    let out = Command::new(tool("javac", &[]))
+        .arg("-d")
+        .arg(&dir.0)
+        .arg(sources().join("Fill.java"))
+        .output()
+        .expect("run javac");
+    assert!(out.status.success(), "javac Fill.java:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn java_args<'a>(dir: &'a TestDir, gc: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["-Xmx1g", gc, "-cp", dir.0.to_str().unwrap(), "Fill"];
+    v.extend_from_slice(rest);
+    v
+}
+
+/// The JVM's heap with G1 (the default), ParallelGC and SerialGC: reserved PROT_NONE,
+/// committed with mmap(MAP_FIXED), all of it managed: 192 MiB of byte arrays under 64 MiB.
+#[test]
+fn jvm_heaps_stay_within_the_budget() {
+    let dir = TestDir::new("jvm");
+    javac(&dir);
+    let java = tool("java", &[]);
+    let mut native = Command::new(&java);
+    native.args(java_args(&dir, "-XX:+UseG1GC", &["0"]));
+    let trivial = native_peak(native, "jvm ok 0 MiB");
+    for gc in ["-XX:+UseG1GC", "-XX:+UseParallelGC", "-XX:+UseSerialGC"] {
+        let ran = run_to_end(tierswap_run(&["--budget", BUDGET], &java, &java_args(&dir, gc, &[FILL_MIB])));
+        assert!(ran.status.success() && ran.stdout.contains("jvm ok 192 MiB"), "{gc}: {}", ran.describe());
+        assert!(ran.stderr.is_empty(), "{gc}: nothing to say: {}", ran.describe());
+        assert_within_budget(gc, vmhwm_kib(&ran.stdout), trivial, &ran);
+    }
+}
+
+/// G1 with a churn of short-lived arrays over a live set for a few seconds: every array is
+/// checked before it dies, the live set at the end.
+#[test]
+fn jvm_churn_keeps_its_bytes_within_the_budget() {
+    let dir = TestDir::new("jvm-churn");
+    javac(&dir);
+    let java = tool("java", &[]);
+    let mut native = Command::new(&java);
+    native.args(java_args(&dir, "-XX:+UseG1GC", &["0"]));
+    let trivial = native_peak(native, "jvm ok 0 MiB");
+    let ran =
+        run_to_end(tierswap_run(&["--budget", BUDGET], &java, &java_args(&dir, "-XX:+UseG1GC", &["96", "churn", "4"])));
+    assert!(ran.status.success() && ran.stdout.contains("jvm ok 96 MiB"), "{}", ran.describe());
+    let churned: u64 = ran
+        .stdout
+        .split_once("MiB, ")
+        .and_then(|(_, r)| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no churn count: {}", ran.stdout));
+    assert!(churned > 1000, "the churn ran: {churned} short-lived arrays");
+    assert_within_budget("G1 churn", vmhwm_kib(&ran.stdout), trivial, &ran);
+}
+
+/// ZGC maps its heap as shared memory (memfd), which the shim cannot manage: the program
+/// runs, and at exit one line says how much was out of reach; --strict makes that exit 2.
+#[test]
+fn jvm_zgc_is_told_apart_at_exit() {
+    let dir = TestDir::new("jvm-zgc");
+    javac(&dir);
+    let java = tool("java", &[]);
+    let args = java_args(&dir, "-XX:+UseZGC", &[FILL_MIB]);
+    let ran = run_to_end(tierswap_run(&["--budget", BUDGET], &java, &args));
+    assert!(ran.status.success() && ran.stdout.contains("jvm ok 192 MiB"), "{}", ran.describe());
+    let lines: Vec<&str> = ran.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {}", ran.describe());
+    assert!(
+        lines[0].starts_with("tierswap: java (pid ")
+            && lines[0].contains("resident that tierswap could not manage")
+            && lines[0].contains("MiB shared memory"),
+        "{}",
+        ran.describe()
+    );
+    let ran = run_to_end(tierswap_run(&["--budget", BUDGET, "--strict"], &java, &args));
+    assert_eq!(ran.status.code(), Some(2), "{}", ran.describe());
+    assert!(ran.stdout.contains("jvm ok 192 MiB"), "the program ran to its end, output flushed: {}", ran.describe());
+    assert!(ran.stderr.trim_end().ends_with("(--strict: exit status 2)"), "{}", ran.describe());
+}
+
+/// Node.js: Buffers (malloc'd) and V8's heap (256 KiB pages, reserved PROT_NONE and
+/// committed with mprotect), both managed.
+#[test]
+fn node_heap_and_buffers_stay_within_the_budget() {
+    let node = tool("node", &[]);
+    let js = sources().join("fill.js");
+    let trivial = native_peak(
+        {
+            let mut c = Command::new(&node);
+            c.arg(&js).arg("0");
+            c
+        },
+        "node ok 0 MiB",
+    );
+    let ran = run_to_end(tierswap_run(&["--budget", BUDGET], &node, &[js.to_str().unwrap(), FILL_MIB]));
+    assert!(ran.status.success() && ran.stdout.contains("node ok 192 MiB"), "{}", ran.describe());
+    assert!(ran.stderr.is_empty(), "nothing to say: {}", ran.describe());
+    assert_within_budget("node", vmhwm_kib(&ran.stdout), trivial, &ran);
+}
+
+/// Builds tests/runtimes/NAME/main.go into `dir` (cgo on or off), offline, with the build
+/// cache in the target directory.
+fn go_build(dir: &TestDir, name: &str, cgo: bool) -> PathBuf {
+    let go = tool("go", &["/usr/local/go/bin/go", "/usr/lib/go/bin/go"]);
+    let out = dir.path(name);
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("go-build");
+    let o = Command::new(go)
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg(sources().join(name).join("main.go"))
+        .env("CGO_ENABLED", if cgo { "1" } else { "0" })
+        .env("GOCACHE", &cache)
+        .env("GOPATH", cache.join("gopath"))
+        .env("GOTOOLCHAIN", "local")
+        .env("GOPROXY", "off")
+        .env("GOFLAGS", "")
+        .env("GO111MODULE", "on")
+        .current_dir(&dir.0)
+        .output()
+        .expect("run go build");
+    assert!(o.status.success(), "go build {name}:\n{}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+/// A Go program built with cgo maps its heap through libc: reserved PROT_NONE at hinted
+/// addresses, committed with mmap(MAP_FIXED); managed.
+#[test]
+fn go_with_cgo_stays_within_the_budget() {
+    let dir = TestDir::new("go-cgo");
+    let prog = go_build(&dir, "cgo", true);
+    let trivial = native_peak(
+        {
+            let mut c = Command::new(&prog);
+            c.arg("0");
+            c
+        },
+        "go ok 0 MiB",
+    );
+    let ran = run_to_end(tierswap_run(&["--budget", BUDGET], &prog, &[FILL_MIB]));
+    assert!(ran.status.success() && ran.stdout.contains("go ok 192 MiB"), "{}", ran.describe());
+    assert!(ran.stderr.is_empty(), "nothing to say: {}", ran.describe());
+    assert_within_budget("go (cgo)", vmhwm_kib(&ran.stdout), trivial, &ran);
+}
+
+/// A static Go binary (CGO_ENABLED=0): the one line before it starts, it runs unmanaged;
+/// --strict exits 2 and does not start it.
+#[test]
+fn go_static_is_named_before_it_starts() {
+    let dir = TestDir::new("go-static");
+    let prog = go_build(&dir, "static", false);
+    let ran = run_to_end(tierswap_run(&["--budget", BUDGET], &prog, &[]));
+    assert!(ran.status.success() && ran.stdout.contains("go static ok"), "{}", ran.describe());
+    assert_eq!(
+        ran.stderr.trim_end(),
+        format!(
+            "tierswap run: {} is statically linked: LD_PRELOAD cannot reach its memory; nothing will be managed",
+            prog.display()
+        ),
+        "{}",
+        ran.describe()
+    );
+    let ran = run_to_end(tierswap_run(&["--budget", BUDGET, "--strict"], &prog, &[]));
+    assert_eq!(ran.status.code(), Some(2), "{}", ran.describe());
+    assert!(ran.stdout.is_empty(), "not started: {}", ran.describe());
+    assert!(ran.stderr.trim_end().ends_with("(--strict: not started)"), "{}", ran.describe());
+}
