@@ -182,14 +182,18 @@ fn fork_wait(s: &Arc<Shared>, events: &mut Vec<Event>, mirror_events: &mut Vec<E
         let room = events.capacity() - events.len();
         if ready & 0b01 != 0 && room > 0 {
             let before = events.len();
+            // Faults served in the faulting threads (signal mode) wait for the snapshot of
+            // every fork read here. The kernel lets a fork return the moment its message is
+            // read, and the forker then opens the gate: the hold goes up before the read,
+            // so that no such fault is served between the read and the count below (its
+            // page would be present in the snapshot and missing in the child: zeros).
+            s.fork.hold.fetch_add(1, Ordering::SeqCst);
             if s.read_program_events(events, room.min(64), false).is_ok() {
                 let new_forks = events[before..].iter().filter(|e| matches!(e, Event::Fork { .. })).count();
-                if new_forks > 0 {
-                    // Faults served in the faulting threads wait for the snapshot.
-                    s.fork.hold.fetch_add(new_forks as u32, Ordering::SeqCst);
-                    forks += new_forks;
-                }
+                s.fork.hold.fetch_add(new_forks as u32, Ordering::SeqCst);
+                forks += new_forks;
             }
+            s.fork.hold.fetch_sub(1, Ordering::SeqCst);
         }
         let forker = crate::forkgate::forker();
         let forker_faulted =

@@ -221,20 +221,21 @@ impl Link {
         let mut page = [0u8; PAGE_SIZE];
         page[..8].copy_from_slice(&MAGIC.to_ne_bytes());
         page[8..16].copy_from_slice(&id.to_ne_bytes());
+        // Waiting before the page is there: the child may read it and send its hello at
+        // once, and a hello for an id not waiting is dropped (the child then took SIGBUS).
+        self.inbox.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Mail::Waiting);
         for _ in 0..1000 {
             match child_uffd.copy(self.mailbox + gen * PAGE_SIZE, &page, false, false) {
-                Ok(_) => {
-                    self.inbox.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Mail::Waiting);
-                    return id;
-                }
+                Ok(_) => return id,
                 // The child's mm is changing (an event of its queued): again shortly.
                 Err(uffd::Error::Again { .. }) => std::thread::sleep(Duration::from_micros(100)),
                 Err(e) => {
                     eprintln!("tierswap: cannot tell a forked child who it is ({e}); its swapped pages give it SIGBUS");
-                    return 0;
+                    break;
                 }
             }
         }
+        self.inbox.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
         0
     }
 }
