@@ -217,6 +217,18 @@ fn fault_mode_reaches_the_pager() {
     }
 }
 
+/// Runs `prog ARGS` under `--budget 8M` in fault mode `mode`, the stats written to a file
+/// of `dir` named after the mode; returns the run and that file.
+fn run_in_mode(dir: &TestDir, prog: &Path, mode: &str, args: &[&str]) -> (common::Ran, std::path::PathBuf) {
+    let st = dir.path(&format!("stats-{mode}.json"));
+    let ran = run_to_end(tierswap_run(
+        &["--budget", "8M", "--fault-mode", mode, "--stats-on-exit", st.to_str().unwrap()],
+        prog,
+        args,
+    ));
+    (ran, st)
+}
+
 /// Buffers glibc allocates for itself and hands to system calls (a stdout stream's buffer
 /// flushed at exit, a directory stream's getdents64 buffer, getline's reads through a FILE)
 /// keep working when every other page was evicted between their making and their use, in
@@ -228,12 +240,7 @@ fn glibc_buffers_survive_eviction_in_both_fault_modes() {
     let dir = TestDir::new("libcbufs");
     let prog = compile(&dir, "libcbufs");
     for mode in ["thread", "signal"] {
-        let st = dir.path(&format!("stats-{mode}.json"));
-        let ran = run_to_end(tierswap_run(
-            &["--budget", "8M", "--fault-mode", mode, "--stats-on-exit", st.to_str().unwrap()],
-            &prog,
-            &[dir.0.to_str().unwrap()],
-        ));
+        let (ran, st) = run_in_mode(&dir, &prog, mode, &[dir.0.to_str().unwrap()]);
         assert!(ran.status.success() && ran.stdout.ends_with("libcbufs ok\n"), "{mode}: {}", ran.describe());
         let numbered: Vec<&str> = ran.stdout.lines().filter(|l| l.starts_with("numbered line ")).collect();
         let want: Vec<String> = (0..200).map(|i| format!("numbered line {i}")).collect();
@@ -254,12 +261,7 @@ fn reservations_commits_and_uncommits_are_managed() {
     let dir = TestDir::new("reserve");
     let prog = compile(&dir, "reserve");
     for mode in ["thread", "signal"] {
-        let st = dir.path(&format!("stats-{mode}.json"));
-        let ran = run_to_end(tierswap_run(
-            &["--budget", "8M", "--fault-mode", mode, "--stats-on-exit", st.to_str().unwrap()],
-            &prog,
-            &[],
-        ));
+        let (ran, st) = run_in_mode(&dir, &prog, mode, &[]);
         assert!(ran.status.success() && ran.stdout.contains("reserve ok"), "{mode}: {}", ran.describe());
         assert!(ran.stderr.is_empty(), "{mode}: nothing to say: {}", ran.describe());
         let rss: Vec<(String, u64)> = ran

@@ -43,10 +43,11 @@ fn vmhwm_kib(stdout: &str) -> u64 {
         .unwrap_or_else(|| panic!("no vmhwm_kib line in:\n{stdout}"))
 }
 
-/// Runs `cmd` natively (no shim) and returns the peak resident memory it printed: the
-/// runtime running (next to) nothing.
-fn native_peak(mut cmd: Command, ok: &str) -> u64 {
-    cmd.env_remove("LD_PRELOAD");
+/// Runs `prog ARGS` natively (no shim) and returns the peak resident memory it printed:
+/// the runtime running (next to) nothing.
+fn native_peak(prog: &Path, args: &[&str], ok: &str) -> u64 {
+    let mut cmd = Command::new(prog);
+    cmd.args(args).env_remove("LD_PRELOAD");
     let ran = run_to_end(cmd);
     assert!(ran.status.success() && ran.stdout.contains(ok), "native run: {}", ran.describe());
     vmhwm_kib(&ran.stdout)
@@ -90,9 +91,7 @@ fn jvm_heaps_stay_within_the_budget() {
     let dir = TestDir::new("jvm");
     javac(&dir);
     let java = tool("java", &[]);
-    let mut native = Command::new(&java);
-    native.args(java_args(&dir, "-XX:+UseG1GC", &["0"]));
-    let trivial = native_peak(native, "jvm ok 0 MiB");
+    let trivial = native_peak(&java, &java_args(&dir, "-XX:+UseG1GC", &["0"]), "jvm ok 0 MiB");
     for gc in ["-XX:+UseG1GC", "-XX:+UseParallelGC", "-XX:+UseSerialGC"] {
         let ran = run_to_end(tierswap_run(&["--budget", BUDGET], &java, &java_args(&dir, gc, &[FILL_MIB])));
         assert!(ran.status.success() && ran.stdout.contains("jvm ok 192 MiB"), "{gc}: {}", ran.describe());
@@ -108,9 +107,7 @@ fn jvm_churn_keeps_its_bytes_within_the_budget() {
     let dir = TestDir::new("jvm-churn");
     javac(&dir);
     let java = tool("java", &[]);
-    let mut native = Command::new(&java);
-    native.args(java_args(&dir, "-XX:+UseG1GC", &["0"]));
-    let trivial = native_peak(native, "jvm ok 0 MiB");
+    let trivial = native_peak(&java, &java_args(&dir, "-XX:+UseG1GC", &["0"]), "jvm ok 0 MiB");
     let ran =
         run_to_end(tierswap_run(&["--budget", BUDGET], &java, &java_args(&dir, "-XX:+UseG1GC", &["96", "churn", "4"])));
     assert!(ran.status.success() && ran.stdout.contains("jvm ok 96 MiB"), "{}", ran.describe());
@@ -154,14 +151,7 @@ fn jvm_zgc_is_told_apart_at_exit() {
 fn node_heap_and_buffers_stay_within_the_budget() {
     let node = tool("node", &[]);
     let js = sources().join("fill.js");
-    let trivial = native_peak(
-        {
-            let mut c = Command::new(&node);
-            c.arg(&js).arg("0");
-            c
-        },
-        "node ok 0 MiB",
-    );
+    let trivial = native_peak(&node, &[js.to_str().unwrap(), "0"], "node ok 0 MiB");
     let ran = run_to_end(tierswap_run(&["--budget", BUDGET], &node, &[js.to_str().unwrap(), FILL_MIB]));
     assert!(ran.status.success() && ran.stdout.contains("node ok 192 MiB"), "{}", ran.describe());
     assert!(ran.stderr.is_empty(), "nothing to say: {}", ran.describe());
@@ -198,14 +188,7 @@ fn go_build(dir: &TestDir, name: &str, cgo: bool) -> PathBuf {
 fn go_with_cgo_stays_within_the_budget() {
     let dir = TestDir::new("go-cgo");
     let prog = go_build(&dir, "cgo", true);
-    let trivial = native_peak(
-        {
-            let mut c = Command::new(&prog);
-            c.arg("0");
-            c
-        },
-        "go ok 0 MiB",
-    );
+    let trivial = native_peak(&prog, &["0"], "go ok 0 MiB");
     let ran = run_to_end(tierswap_run(&["--budget", BUDGET], &prog, &[FILL_MIB]));
     assert!(ran.status.success() && ran.stdout.contains("go ok 192 MiB"), "{}", ran.describe());
     assert!(ran.stderr.is_empty(), "nothing to say: {}", ran.describe());
