@@ -120,6 +120,27 @@ fn jvm_churn_keeps_its_bytes_within_the_budget() {
     assert_within_budget("G1 churn", vmhwm_kib(&ran.stdout), trivial, &ran);
 }
 
+/// A JVM whose heap is managed starts processes (ProcessBuilder: posix_spawn of the JDK's
+/// jspawnhelper, which gets a pager of its own through LD_PRELOAD and then dups its pipes
+/// onto fds 0-3, where that pager's descriptors must not be): every process's output right.
+#[test]
+fn jvm_starts_processes() {
+    let dir = TestDir::new("jvm-spawn");
+    javac(&dir);
+    let java = tool("java", &[]);
+    let ran = run_to_end(tierswap_run(
+        &["--budget", BUDGET],
+        &java,
+        &java_args(&dir, "-XX:+UseG1GC", &["96", "spawn", "20"]),
+    ));
+    assert!(
+        ran.status.success() && ran.stdout.contains("jvm ok 96 MiB, 0 short-lived arrays, 20 processes"),
+        "{}",
+        ran.describe()
+    );
+    assert!(ran.stderr.is_empty(), "nothing to say: {}", ran.describe());
+}
+
 /// ZGC maps its heap as shared memory (memfd), which the shim cannot manage: the program
 /// runs, and at exit one line says how much was out of reach; --strict makes that exit 2.
 #[test]

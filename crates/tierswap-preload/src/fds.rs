@@ -14,6 +14,11 @@
 //! child's copies are its own to close, and the pager's threads close what they like.
 //! A program that makes the raw close system call gets past this; the pager then aborts the
 //! process when it notices (see the engine), it never serves wrong bytes knowingly.
+//!
+//! The pager's descriptors are opened above the low numbers ([`hold_low`]): programs and
+//! launchers dup onto fixed low numbers (the JDK's jspawnhelper puts its error pipe on fd
+//! 3, then execs), and a refused dup there broke every `ProcessBuilder.start()` of a JVM
+//! under `tierswap run` (EBUSY).
 
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
@@ -37,6 +42,50 @@ pub(crate) fn open_fds() -> Vec<i32> {
     fds.retain(|&fd| is_open(fd));
     fds.sort_unstable();
     fds
+}
+
+/// Descriptors below this stay the program's: the pager's open above them.
+const LOW_FDS: i32 = 64;
+
+/// Placeholders on every free descriptor below [`LOW_FDS`] (fewer when the descriptor limit
+/// is low: a quarter of it at most), so that what the pager opens while this is held lands
+/// above them; closed on drop.
+pub(crate) struct LowHeld(Vec<i32>);
+
+/// Holds the free low descriptors (see [`LowHeld`]).
+pub(crate) fn hold_low() -> LowHeld {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct it is given.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 { lim.rlim_cur } else { 0 };
+    let below = (LOW_FDS as u64).min(soft / 4) as i32;
+    let mut held = Vec::new();
+    // SAFETY: a plain open of /dev/null; the descriptor is ours.
+    let src = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if src < 0 {
+        return LowHeld(held);
+    }
+    held.push(src);
+    loop {
+        // SAFETY: F_DUPFD_CLOEXEC makes a new descriptor (the lowest free one) for ours.
+        let fd = unsafe { libc::fcntl(src, libc::F_DUPFD_CLOEXEC, 0) };
+        if fd < 0 {
+            break;
+        }
+        held.push(fd);
+        if fd >= below {
+            break;
+        }
+    }
+    LowHeld(held)
+}
+
+impl Drop for LowHeld {
+    fn drop(&mut self) {
+        for &fd in &self.0 {
+            // SAFETY: our placeholders, used by nothing (the raw call: not the interposer).
+            unsafe { libc::syscall(libc::SYS_close, fd) };
+        }
+    }
 }
 
 /// Protects every descriptor open now that was not in `before`.

@@ -254,6 +254,7 @@ extern "C" fn init() {
     );
     // The descriptors the pager and its control socket open are kept open (see fds).
     let fds_before = fds::open_fds();
+    let low = fds::hold_low();
     let pager = {
         let _inside = raw::InPager::enter();
         Pager::new(cfg)
@@ -282,6 +283,7 @@ extern "C" fn init() {
             eprintln!("tierswap: no control socket for pid {} (`tierswap stat` cannot see it): {e}", std::process::id())
         }
     }
+    drop(low);
     fds::protect_new_since(&fds_before);
     let log = settings.log;
     let _ = SETTINGS.set(settings);

@@ -1,8 +1,11 @@
 // Fills MIB MiB of byte arrays (1 MiB each) with bytes that depend on their place, then
 // reads every byte back twice; "churn SECONDS" keeps allocating short-lived arrays over a
 // live set of MIB MiB for that long, checking each before it dies and the live set at the
-// end. Prints "jvm ok ..." when every byte was right, then "vmhwm_kib N" (the process's
-// peak resident memory). Exit 1 on a wrong byte.
+// end; "spawn N" starts `sh -c 'echo spawned K'` N times with ProcessBuilder (the JDK's
+// launcher: posix_spawn of jspawnhelper, which dups its pipes onto fds 0-3) and checks
+// each one's output and exit status. Prints "jvm ok ..." when every byte was right, then
+// "vmhwm_kib N" (the process's peak resident memory). Exit 1 on a wrong byte or a failed
+// process.
 public class Fill {
     static byte want(int i, int j) {
         int x = i * 0x9E3779B1 + j * 0x85EBCA77;
@@ -51,13 +54,25 @@ public class Fill {
                 live[v] = make(v);
             }
         }
+        long spawned = 0;
+        if (args.length > 2 && args[1].equals("spawn")) {
+            for (int k = 0; k < Integer.parseInt(args[2]); k++) {
+                Process p = new ProcessBuilder("sh", "-c", "echo spawned " + k).start();
+                String out = new String(p.getInputStream().readAllBytes()).trim();
+                if (p.waitFor() != 0 || !out.equals("spawned " + k)) {
+                    System.err.println("MISMATCH jvm: process " + k + " said '" + out + "'");
+                    System.exit(1);
+                }
+                spawned++;
+            }
+        }
         for (int pass = 0; pass < 2; pass++)
             for (int i = 0; i < mib; i++) bad += wrong(live[i], i);
         if (bad != 0) {
             System.err.println("MISMATCH jvm: " + bad + " bytes wrong");
             System.exit(1);
         }
-        System.out.println("jvm ok " + mib + " MiB, " + churned + " short-lived arrays");
+        System.out.println("jvm ok " + mib + " MiB, " + churned + " short-lived arrays, " + spawned + " processes");
         System.out.println("vmhwm_kib " + vmhwmKib());
     }
 }

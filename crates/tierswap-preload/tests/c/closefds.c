@@ -2,7 +2,11 @@
  * while its memory is swapped out.
  * Usage: closefds libc  — close() on every fd from 3 up, then close_range(3, ~0) and
  *                         closefrom(3): the shim keeps the pager's own descriptors open, so
- *                         every byte must come back. Exit 0: every byte right.
+ *                         every byte must come back. Then, as a process launcher's
+ *                         child does (the JDK's jspawnhelper puts its error pipe on fd 3),
+ *                         it dups a descriptor onto every fd from 3 to 40: each dup must
+ *                         succeed (the pager's own descriptors sit above the low ones).
+ *                         Exit 0: every byte right and every dup done.
  *        closefds raw   — the raw close syscall on every fd from 3 up, past the shim: the pager
  *                         loses its userfaultfd and must abort the process with a message,
  *                         never hang it and never hand out wrong bytes. The program then
@@ -45,7 +49,16 @@ int main(int argc, char **argv) {
     }
     close_range(3, ~0U, 0);
     closefrom(3);
-    int bad = check("malloc'd memory after closing every fd", a, n, 7);
+    int bad = 0;
+    for (int fd = 3; fd <= 40; fd++) {
+        if (fd == wait_pipe[0] || fd == wait_pipe[1]) continue;
+        if (dup2(1, fd) != fd) {
+            fprintf(stderr, "MISMATCH dup2 onto fd %d failed: %s\n", fd, strerror(errno));
+            bad = 1;
+        }
+        close(fd);
+    }
+    bad |= check("malloc'd memory after closing every fd", a, n, 7);
     bad |= check("mmap'd memory after closing every fd", b, n, 8);
     if (!bad) printf("closefds ok\n");
     return bad;
