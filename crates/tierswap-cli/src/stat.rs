@@ -341,7 +341,8 @@ fn anonymous_bytes(pid: u32) -> Option<u64> {
 
 /// "managed 812 MiB of 830 MiB anonymous": how much of the resident anonymous memory is
 /// under the pager. The rest (thread stacks, memory mapped before the pager started, shared
-/// or MAP_FIXED mappings, a runtime's own heap) is outside the budget.
+/// mappings such as ZGC's heap, MAP_FIXED mappings outside managed memory) is outside the
+/// budget.
 fn managed_line(footprint: u64, anonymous: u64) -> String {
     // The footprint counts a partly filled pool page whole; never show more than all.
     let managed = footprint.min(anonymous);

@@ -68,7 +68,9 @@ fn assert_within_budget(what: &str, peak_kib: u64, trivial_kib: u64, ran: &commo
     );
 }
 
-fn javac(dir: &TestDir) {
+/// A directory named `name` with Fill.java compiled into it, and the `java` to run it.
+fn jvm(name: &str) -> (TestDir, PathBuf) {
+    let dir = TestDir::new(name);
     let out = Command::new(tool("javac", &[]))
         .arg("-d")
         .arg(&dir.0)
@@ -76,6 +78,12 @@ fn javac(dir: &TestDir) {
         .output()
         .expect("run javac");
     assert!(out.status.success(), "javac Fill.java:\n{}", String::from_utf8_lossy(&out.stderr));
+    (dir, tool("java", &[]))
+}
+
+/// The JVM's own peak running Fill with nothing to fill, natively.
+fn jvm_alone(dir: &TestDir, java: &Path) -> u64 {
+    native_peak(java, &java_args(dir, "-XX:+UseG1GC", &["0"]), "jvm ok 0 MiB")
 }
 
 fn java_args<'a>(dir: &'a TestDir, gc: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
@@ -88,10 +96,8 @@ fn java_args<'a>(dir: &'a TestDir, gc: &'a str, rest: &[&'a str]) -> Vec<&'a str
 /// committed with mmap(MAP_FIXED), all of it managed: 192 MiB of byte arrays under 64 MiB.
 #[test]
 fn jvm_heaps_stay_within_the_budget() {
-    let dir = TestDir::new("jvm");
-    javac(&dir);
-    let java = tool("java", &[]);
-    let trivial = native_peak(&java, &java_args(&dir, "-XX:+UseG1GC", &["0"]), "jvm ok 0 MiB");
+    let (dir, java) = jvm("jvm");
+    let trivial = jvm_alone(&dir, &java);
     for gc in ["-XX:+UseG1GC", "-XX:+UseParallelGC", "-XX:+UseSerialGC"] {
         let ran = run_to_end(tierswap_run(&["--budget", BUDGET], &java, &java_args(&dir, gc, &[FILL_MIB])));
         assert!(ran.status.success() && ran.stdout.contains("jvm ok 192 MiB"), "{gc}: {}", ran.describe());
@@ -104,10 +110,8 @@ fn jvm_heaps_stay_within_the_budget() {
 /// checked before it dies, the live set at the end.
 #[test]
 fn jvm_churn_keeps_its_bytes_within_the_budget() {
-    let dir = TestDir::new("jvm-churn");
-    javac(&dir);
-    let java = tool("java", &[]);
-    let trivial = native_peak(&java, &java_args(&dir, "-XX:+UseG1GC", &["0"]), "jvm ok 0 MiB");
+    let (dir, java) = jvm("jvm-churn");
+    let trivial = jvm_alone(&dir, &java);
     let ran =
         run_to_end(tierswap_run(&["--budget", BUDGET], &java, &java_args(&dir, "-XX:+UseG1GC", &["96", "churn", "4"])));
     assert!(ran.status.success() && ran.stdout.contains("jvm ok 96 MiB"), "{}", ran.describe());
@@ -125,9 +129,7 @@ fn jvm_churn_keeps_its_bytes_within_the_budget() {
 /// onto fds 0-3, where that pager's descriptors must not be): every process's output right.
 #[test]
 fn jvm_starts_processes() {
-    let dir = TestDir::new("jvm-spawn");
-    javac(&dir);
-    let java = tool("java", &[]);
+    let (dir, java) = jvm("jvm-spawn");
     let ran = run_to_end(tierswap_run(
         &["--budget", BUDGET],
         &java,
@@ -145,9 +147,7 @@ fn jvm_starts_processes() {
 /// runs, and at exit one line says how much was out of reach; --strict makes that exit 2.
 #[test]
 fn jvm_zgc_is_told_apart_at_exit() {
-    let dir = TestDir::new("jvm-zgc");
-    javac(&dir);
-    let java = tool("java", &[]);
+    let (dir, java) = jvm("jvm-zgc");
     let args = java_args(&dir, "-XX:+UseZGC", &[FILL_MIB]);
     let ran = run_to_end(tierswap_run(&["--budget", BUDGET], &java, &args));
     assert!(ran.status.success() && ran.stdout.contains("jvm ok 192 MiB"), "{}", ran.describe());

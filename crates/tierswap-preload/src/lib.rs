@@ -133,7 +133,7 @@ pub(crate) fn adopt_grown(addr: usize, len_bytes: usize) {
 /// Tells the pager the program set the protection of `[addr, addr + len_bytes)` to `prot`
 /// (nothing in a fork child, whose memory the parent's pager knows as of the fork).
 pub(crate) fn note_protection(addr: usize, len_bytes: usize, prot: i32) {
-    if STATE.load(Ordering::Acquire) != STATE_READY || !raw::thread_may_manage() {
+    if !managing() {
         return;
     }
     let _inside = raw::InPager::enter();
@@ -144,7 +144,7 @@ pub(crate) fn note_protection(addr: usize, len_bytes: usize, prot: i32) {
 
 /// Whether `[addr, addr + len_bytes)` lies inside one managed mapping (see [`is_managed`]).
 pub(crate) fn inside_one_mapping(addr: usize, len_bytes: usize) -> bool {
-    if len_bytes == 0 || STATE.load(Ordering::Acquire) != STATE_READY || !raw::thread_may_manage() {
+    if len_bytes == 0 || !managing() {
         return false;
     }
     let Some(last) = addr.checked_add(len_bytes - 1) else { return false };
@@ -158,7 +158,7 @@ pub(crate) fn inside_one_mapping(addr: usize, len_bytes: usize) -> bool {
 /// Whether `addr` is in memory the pager manages (false in a fork child: the pager's locks
 /// may have been held by a thread that does not exist there).
 pub(crate) fn is_managed(addr: usize) -> bool {
-    if STATE.load(Ordering::Acquire) != STATE_READY || !raw::thread_may_manage() {
+    if !managing() {
         return false;
     }
     let _inside = raw::InPager::enter();
@@ -301,7 +301,7 @@ extern "C" fn init() {
 
 /// Not managing: one warning, then everything passes through.
 fn refuse(reason: &str) {
-    if std::env::var("TIERSWAP_STRICT").is_ok_and(|v| v == "1") {
+    if strict() {
         refuse_strict(reason);
     }
     eprintln!(
@@ -310,6 +310,11 @@ fn refuse(reason: &str) {
         std::process::id()
     );
     STATE.store(STATE_FAILED, Ordering::Release);
+}
+
+/// `TIERSWAP_STRICT=1` (`tierswap run --strict`): exit 2 rather than run unmanaged.
+fn strict() -> bool {
+    std::env::var("TIERSWAP_STRICT").is_ok_and(|v| v == "1")
 }
 
 fn refuse_strict(reason: &str) -> ! {
@@ -434,7 +439,7 @@ extern "C" fn at_exit() {
         }
     }
     if let Some(line) = unmanaged_at_exit(stats.footprint, stats.budget) {
-        let strict = std::env::var("TIERSWAP_STRICT").is_ok_and(|v| v == "1");
+        let strict = strict();
         eprintln!("tierswap: {line}{}", if strict { " (--strict: exit status 2)" } else { "" });
         if strict {
             // SAFETY: fflush(NULL) flushes every stdio stream; _exit ends the process with

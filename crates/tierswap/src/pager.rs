@@ -146,7 +146,8 @@ impl Pager {
     /// The program changed the protection of `[addr, addr + len_bytes)` to `prot`
     /// (mprotect(2), or a fixed mapping the shim turned into one): pages of managed memory
     /// there that are not plain read-write stay out of first-touch fault-around and are
-    /// not staged (see [`crate::mm::protect`]). For the shim, after the call succeeded.
+    /// not staged (see [`crate::mm::protect`]). For the shim: before the call when the pages
+    /// stop being read-write, after it when they become read-write again.
     pub fn note_protection(&self, addr: usize, len_bytes: usize, prot: i32) {
         let rw = prot & (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) == libc::PROT_READ | libc::PROT_WRITE;
         let end = addr.saturating_add(crate::page::round_up_pages(len_bytes));
