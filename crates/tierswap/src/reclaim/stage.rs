@@ -360,6 +360,19 @@ impl Reclaim {
         let before = self.last_runs[k];
         self.last_runs[k].start(r.id);
         while i < to {
+            // A move stops short of pages the program made other than read-write: UFFDIO_MOVE
+            // fails whole on a range that reaches them (mm/protect.rs). Such a page stays.
+            // (`to` below: this move's end.)
+            let to = match r.protections.first_in(i, to) {
+                Some(p) if p == i => {
+                    self.s.counters.stage_skipped_protected.fetch_add(1, Ordering::Relaxed);
+                    self.skip_page(r, i, PteState::Present);
+                    i += 1;
+                    continue;
+                }
+                Some(p) => p,
+                None => to,
+            };
             let len = (to - i) * PAGE_SIZE;
             // SAFETY: pages [i, to) are locked present pages of the program's range and the
             // window is empty; guarded, the range is still the region's. Moving them out is
