@@ -1,12 +1,14 @@
 """What the fork acceptance drivers share (scripts/accept-fork.sh runs them): starting the
 program under test with a command prefix (empty: natively; `tierswap run --budget 256M --`:
-managed), sampling the summed RSS of its process tree every 20 ms from /proc, and the one
-JSON line each driver prints. Python 3.11 standard library only.
+managed), sampling the summed RSS and PSS of its process tree every 20 ms from /proc (and,
+at the PSS peak, each process's RSS, PSS and its row of the tree's budget ledger), and the
+one JSON line each driver prints. Python 3.11 standard library only.
 """
 
 import json
 import os
 import shlex
+import struct
 import subprocess
 import sys
 import threading
@@ -41,40 +43,113 @@ def rss_bytes(pid):
         return 0
 
 
-def tree_rss_bytes(root):
-    """(summed RSS of `root` and all its descendants, how many processes)."""
-    total, seen, todo = 0, 0, [root]
+def pss_bytes(pid):
+    """Proportional resident bytes of `pid` (the "Pss:" line of smaps_rollup, kB): a page
+    shared copy-on-write by n processes counts 1/n in each, so the sum over a tree counts
+    it once, as a memory cgroup charges it. 0 when unreadable or gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) << 10
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+def tree_usage(root):
+    """[(pid, parent, RSS bytes, PSS bytes)] of `root` and all its descendants."""
+    rows, todo = [], [(root, 0)]
     while todo:
-        pid = todo.pop()
-        total += rss_bytes(pid)
-        seen += 1
-        todo.extend(children_of(pid))
-    return total, seen
+        pid, parent = todo.pop()
+        rows.append((pid, parent, rss_bytes(pid), pss_bytes(pid)))
+        todo.extend((kid, pid) for kid in children_of(pid))
+    return rows
+
+
+# The tree's budget ledger `tierswap run` makes (crates/tierswap/src/tree.rs): a 64-byte
+# header, then 64-byte rows; row pid 0 is a free row.
+LEDGER_HEADER = struct.Struct("<QIIQI")  # magic, version, rows, budget, root pid
+LEDGER_ROW = struct.Struct("<IIQQQ")  # pid, parent, footprint, target, start time
+LEDGER_MAGIC = int.from_bytes(b"TSTREE01", "little")
+
+
+def ledger_path(root):
+    return f"/dev/shm/tierswap-tree.{root}"
+
+
+def read_ledger(root):
+    """(budget bytes, {pid: (parent, footprint bytes, target bytes)}) of the tree under
+    `root`, or None when it has no ledger (natively, --per-process, or gone)."""
+    try:
+        with open(ledger_path(root), "rb") as f:
+            data = f.read()
+        magic, _version, n, budget, _root = LEDGER_HEADER.unpack_from(data, 0)
+        if magic != LEDGER_MAGIC:
+            return None
+        members = {}
+        for i in range(n):
+            pid, parent, footprint, target, _start = LEDGER_ROW.unpack_from(data, 64 + 64 * i)
+            if pid:
+                members[pid] = (parent, footprint, target)
+        return budget, members
+    except (OSError, struct.error):
+        return None
 
 
 class TreeSampler:
-    """Samples the summed RSS of the tree under `root` every `period_s` in a thread; `peak`
-    and `peak_procs` hold the largest sample and the process count then."""
+    """Samples the summed RSS and PSS of the tree under `root` every `period_s` in a
+    thread: `peak` and `peak_procs` hold the largest RSS sum and the process count then,
+    `peak_pss` the largest PSS sum (another moment, maybe) and `at_pss_peak` each process
+    then: {pid, parent, rss_mib, pss_mib} and, when the tree has a budget ledger, its row's
+    footprint_mib and target_mib (`ledger_budget_mib`: the ledger's budget)."""
 
     def __init__(self, root, period_s=0.02):
         self.root, self.period_s = root, period_s
-        self.peak, self.peak_procs, self.samples = 0, 0, 0
+        self.peak, self.peak_procs, self.peak_pss, self.samples = 0, 0, 0, 0
+        self.at_pss_peak, self.ledger_budget_mib = [], None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self):
         while not self._stop.is_set():
-            total, procs = tree_rss_bytes(self.root)
+            rows = tree_usage(self.root)
+            rss = sum(r[2] for r in rows)
+            pss = sum(r[3] for r in rows)
             self.samples += 1
-            if total > self.peak:
-                self.peak, self.peak_procs = total, procs
+            if rss > self.peak:
+                self.peak, self.peak_procs = rss, len(rows)
+            if pss > self.peak_pss:
+                self.peak_pss = pss
+                self._note(rows)
             self._stop.wait(self.period_s)
+
+    def _note(self, rows):
+        ledger = read_ledger(self.root)
+        members = ledger[1] if ledger else {}
+        if ledger:
+            self.ledger_budget_mib = ledger[0] >> 20
+        self.at_pss_peak = []
+        for pid, parent, rss, pss in rows:
+            p = {"pid": pid, "parent": parent, "rss_mib": rss >> 20, "pss_mib": pss >> 20}
+            if pid in members:
+                p["footprint_mib"], p["target_mib"] = members[pid][1] >> 20, members[pid][2] >> 20
+            self.at_pss_peak.append(p)
 
     def stop(self):
         self._stop.set()
         self._thread.join()
         return self.peak
+
+    def record(self, rec):
+        """Puts the peaks in a driver's line (call after stop)."""
+        rec["peak_tree_rss_mib"] = self.peak >> 20
+        rec["peak_tree_pss_mib"] = self.peak_pss >> 20
+        rec["peak_procs"] = self.peak_procs
+        rec["at_pss_peak"] = self.at_pss_peak
+        if self.ledger_budget_mib is not None:
+            rec["ledger_budget_mib"] = self.ledger_budget_mib
 
 
 def command(prefix, argv):
@@ -90,8 +165,8 @@ def python():
 
 def run_sampled(argv, timeout_s, env=None, period_s=0.02):
     """Runs `argv` to the end, sampling its tree every `period_s`. Returns (returncode, stdout, stderr,
-    wall seconds, peak tree RSS bytes, processes at the peak); a run past `timeout_s` is
-    killed and returns code None."""
+    wall seconds, the stopped TreeSampler: its peak tree RSS and PSS and processes); a run
+    past `timeout_s` is killed and returns code None."""
     t0 = time.monotonic()
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          process_group=0)
@@ -105,7 +180,7 @@ def run_sampled(argv, timeout_s, env=None, period_s=0.02):
         code = None
     wall = time.monotonic() - t0
     sampler.stop()
-    return code, out, err, wall, sampler.peak, sampler.peak_procs
+    return code, out, err, wall, sampler
 
 
 def emit(record):

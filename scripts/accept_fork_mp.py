@@ -4,15 +4,18 @@ The parent builds PARENT_MIB of Python objects of its own (bytes, ints in lists,
 dict entries, all from seeds), then a Pool of WORKERS forked workers each builds
 WORKER_MIB of its own and returns their SHA-256; each worker also hashes the parent's
 objects it inherited at the fork (reading them touches every object's refcount: writes to
-pages shared with the parent). The parent then hashes its own objects again.
+pages shared with the parent), then waits HOLD_S seconds (0 by default; a run with tiny
+data lasts less than the sampling takes to see the whole tree). The parent then hashes its
+own objects again.
 
 Driver (default): runs the workload under --prefix (empty: natively), samples the summed
-RSS of the process tree every 20 ms, checks every worker's view of the parent's objects
+RSS and PSS of the process tree every 20 ms, checks every worker's view of the parent's objects
 against the parent's digest and, with --expect (the native run's line), every digest
 against the native run's. Prints one JSON line; exit 1 on any mismatch, 2 on a failed run.
 
     accept_fork_mp.py [--prefix "tierswap run --budget 256M --"] [--expect native.json]
-                      [--workers 4] [--worker-mib 200] [--parent-mib 300] [--label L]
+                      [--workers 4] [--worker-mib 200] [--parent-mib 300] [--hold-s 0]
+                      [--label L]
 """
 
 import argparse
@@ -71,9 +74,11 @@ PARENT = None
 
 
 def work(args):
-    seed, mib = args
+    seed, mib, hold_s = args
     mine = digest(build(seed, mib))
-    return mine, digest(PARENT)
+    theirs = digest(PARENT)
+    time.sleep(hold_s)
+    return mine, theirs
 
 
 def workload(a):
@@ -83,7 +88,7 @@ def workload(a):
     built = time.monotonic() - t0
     ctx = mp.get_context("fork")
     with ctx.Pool(a.workers) as pool:
-        got = pool.map(work, [(100 + w, a.worker_mib) for w in range(a.workers)], chunksize=1)
+        got = pool.map(work, [(100 + w, a.worker_mib, a.hold_s) for w in range(a.workers)], chunksize=1)
     print(json.dumps({"parent": digest(PARENT), "workers": [g[0] for g in got],
                       "workers_saw_parent": [g[1] for g in got], "parent_build_s": round(built, 2)}), flush=True)
 
@@ -91,10 +96,10 @@ def workload(a):
 def driver(a):
     argv = common.command(a.prefix, [common.python(), os.path.abspath(__file__), "--workload",
                                      "--workers", str(a.workers), "--worker-mib", str(a.worker_mib),
-                                     "--parent-mib", str(a.parent_mib)])
-    code, out, err, wall, peak, procs = common.run_sampled(argv, a.timeout)
-    rec = {"part": "a", "label": a.label, "wall_s": round(wall, 2), "peak_tree_rss_mib": peak >> 20,
-           "peak_procs": procs, "ok": False}
+                                     "--parent-mib", str(a.parent_mib), "--hold-s", str(a.hold_s)])
+    code, out, err, wall, tree = common.run_sampled(argv, a.timeout)
+    rec = {"part": "a", "label": a.label, "wall_s": round(wall, 2), "ok": False}
+    tree.record(rec)
     problems = []
     result = None
     if code != 0:
@@ -133,6 +138,8 @@ def main():
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--worker-mib", type=int, default=200)
     p.add_argument("--parent-mib", type=int, default=300)
+    p.add_argument("--hold-s", type=float, default=0,
+                   help="seconds each worker waits before it returns (a short run's whole tree is sampled)")
     p.add_argument("--timeout", type=int, default=3600)
     p.add_argument("--label", default="native")
     a = p.parse_args()

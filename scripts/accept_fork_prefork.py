@@ -5,9 +5,9 @@ The server (under --prefix; empty: natively) builds DATA_MIB of data in 1 MiB by
 from seeds, then serves: each request names a range of REQUEST_MIB chunks, and the child
 forked for it reads and hashes them (SHA-256) and replies with the digest. The client sends
 REQUESTS requests, CONCURRENCY at a time, over ranges spread across the data, and compares
-every reply with the digest of the same chunks it generates itself. The summed RSS of the
-server's process tree is sampled every 20 ms. Prints one JSON line; exit 1 on any mismatch,
-2 when a step fails.
+every reply with the digest of the same chunks it generates itself. The summed RSS and PSS
+of the server's process tree are sampled every 20 ms. Prints one JSON line; exit 1 on any
+mismatch, 2 when a step fails.
 
     accept_fork_prefork.py [--prefix "tierswap run --budget 256M --"] [--data-mib 1024]
                            [--requests 200] [--request-mib 50] [--concurrency 4] [--label L]
@@ -128,8 +128,8 @@ def client(a, rec):
             pass
         server.wait()
         rec["wall_s"] = round(time.monotonic() - t_start, 1)
-        rec["peak_tree_rss_mib"] = sampler.stop() >> 20
-        rec["peak_procs"] = sampler.peak_procs
+        sampler.stop()
+        sampler.record(rec)
         try:
             os.remove(port_file)
             os.rmdir(os.path.dirname(port_file))

@@ -10,8 +10,8 @@ versions 2, 3, …, until a pass ends with the save done. Checks:
   - the live dataset: the set at the last pass's version, every other key at version 0;
   - the RDB, loaded into a fresh unmanaged redis-server: exactly KEYS keys, the set at
     version 1, every other key at version 0.
-The summed RSS of the server's process tree (the BGSAVE child included) is sampled every
-20 ms. Prints one JSON line; exit 1 on any mismatch, 2 when a step fails.
+The summed RSS and PSS of the server's process tree (the BGSAVE child included) are sampled
+every 20 ms. Prints one JSON line; exit 1 on any mismatch, 2 when a step fails.
 
     accept_fork_redis.py [--prefix "tierswap run --budget 256M --"] [--keys 1000000]
                          [--value-bytes 1024] [--overwrite-pct 10] [--label L]
@@ -196,8 +196,8 @@ def run(a, rec, work):
             server.kill()
             server.wait()
         rec["wall_s"] = round(time.monotonic() - t_start, 1)
-        rec["peak_tree_rss_mib"] = sampler.stop() >> 20
-        rec["peak_procs"] = sampler.peak_procs
+        sampler.stop()
+        sampler.record(rec)
     err = server.stderr.read()
     if server.returncode not in (0, None):
         rec["problems"].append("redis-server exited with %s: %s" % (server.returncode, err.strip()[-300:]))

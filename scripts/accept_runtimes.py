@@ -82,7 +82,8 @@ def build(work):
 def run(argv, ok_word, timeout_s):
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
-    code, out, err, wall, peak, procs = run_sampled(argv, timeout_s, env=env, period_s=0.05)
+    code, out, err, wall, tree = run_sampled(argv, timeout_s, env=env, period_s=0.05)
+    peak, procs = tree.peak, tree.peak_procs
     ok = code == 0 and ok_word in out
     # A run shorter than a sampling period is seen by its own peak (VmHWM) only.
     hwm = re.search(r"^vmhwm_kib (\d+)$", out, re.M)

@@ -17,7 +17,7 @@ use tierswap::{parse_size, PagerConfig, Tiers};
 
 /// The variables the shim reads, all set (or removed) by `run` so a stale one in the
 /// caller's environment cannot change the run.
-const OWNED_VARS: [&str; 13] = [
+const OWNED_VARS: [&str; 14] = [
     "TIERSWAP_BUDGET",
     "TIERSWAP_COMPRESSOR",
     "TIERSWAP_TIERS",
@@ -31,6 +31,7 @@ const OWNED_VARS: [&str; 13] = [
     "TIERSWAP_PIN",
     "TIERSWAP_FAULT_MODE",
     "TIERSWAP_SETTINGS",
+    "TIERSWAP_TREE",
 ];
 
 /// Most fault threads `--fault-threads` takes: more only cost memory and wake-ups.
@@ -67,9 +68,16 @@ for itself, a stdio stream's buffer, a directory stream's, stays unmanaged in si
 so these work), and a program that installs its own SIGBUS handler must call the previous \
 one for faults that are not its own.
 
-fork: a child manages nothing new; what was managed before the fork stays managed. \
-exec: LD_PRELOAD is inherited, so an exec'd program gets a pager of its own with the \
-same settings.
+The budget covers the process tree, as a memory cgroup's limit does: PROG, its forked \
+children and the programs they exec share it, each process with a pager charging its \
+footprint to a ledger on tmpfs (/dev/shm/tierswap-tree.PID). While the tree is under the \
+budget any process may grow into the room left; over it, each gives back in proportion to \
+its size. A forked child (thread mode) and an exec'd program start a pager of their own at \
+their first need (a managed-size mapping or allocation, or 4 MiB allocated), so a child \
+that only execs costs nothing; what the parent managed before the fork stays served by \
+the parent's pager (pages a child reads or writes of it are the child's, resident, not \
+counted). In signal mode a forked child manages nothing new. --per-process gives every \
+process a budget of its own instead. `tierswap stat PID` shows the tree.
 
 Programs the shim cannot reach: LD_PRELOAD is read by the dynamic loader only, so a \
 statically linked program (a Go binary built without cgo, say), a setuid or setgid program \
@@ -159,6 +167,10 @@ pub struct RunArgs {
     /// One line on stderr when each pager starts and when its program exits.
     #[arg(long)]
     log: bool,
+    /// Give every process of the tree (forked children, exec'd programs) a budget of its
+    /// own instead of one budget for the whole tree.
+    #[arg(long)]
+    per_process: bool,
     /// The program and its arguments (after --).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROG ARGS")]
     command: Vec<OsString>,
@@ -167,7 +179,7 @@ pub struct RunArgs {
 /// Runs `tierswap run`: returns only on failure (exit 2 and one line on stderr).
 pub fn run(a: RunArgs) -> ExitCode {
     match prepare(&a) {
-        Ok(mut cmd) => {
+        Ok((mut cmd, budget)) => {
             // Said once, before the program starts: a program the shim cannot reach.
             if let Some(why) = a.command.first().and_then(|p| crate::reach::unreachable_reason(p)) {
                 if a.strict {
@@ -175,11 +187,38 @@ pub fn run(a: RunArgs) -> ExitCode {
                 }
                 eprintln!("tierswap run: {}", why.replace(|c: char| c.is_control(), "?"));
             }
+            let tree = if a.per_process { None } else { tree_ledger(budget) };
+            if let Some(path) = &tree {
+                cmd.env("TIERSWAP_TREE", path);
+            }
             let err = cmd.exec();
+            if let Some(path) = &tree {
+                let _ = std::fs::remove_file(path);
+            }
             let prog = a.command.first().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
             fail(&format!("cannot run '{prog}': {}", os_message(&err)))
         }
         Err(msg) => fail(&msg),
+    }
+}
+
+/// The ledger of the tree about to start (this process becomes its root at exec), after
+/// removing those of trees that are gone; None, after one line, when it cannot be made
+/// (every process then keeps a budget of its own).
+fn tree_ledger(budget: u64) -> Option<PathBuf> {
+    let path = tierswap::tree::default_path(std::process::id());
+    if let Some(dir) = path.parent() {
+        tierswap::tree::sweep(dir);
+    }
+    match tierswap::tree::create(&path, budget) {
+        Ok(()) => Some(path),
+        Err(e) => {
+            eprintln!(
+                "tierswap run: cannot make the tree's ledger {} ({e}); every process of the tree gets a budget of its own",
+                path.display()
+            );
+            None
+        }
     }
 }
 
@@ -199,8 +238,9 @@ fn os_message(e: &std::io::Error) -> String {
     }
 }
 
-/// Checks every flag and builds the command to exec.
-fn prepare(a: &RunArgs) -> Result<std::process::Command, String> {
+/// Checks every flag and builds the command to exec; with the budget the pager will have
+/// (`--set budget=` over `--budget`).
+fn prepare(a: &RunArgs) -> Result<(std::process::Command, u64), String> {
     let size = |flag: &str, v: &str| parse_size(v).map_err(|e| format!("{flag} '{v}': {e}"));
     let budget_bytes = size("--budget", &a.budget)?;
     let tiers: Tiers = a.tiers.parse().map_err(|e| format!("--tiers '{}': {e}", a.tiers))?;
@@ -249,8 +289,8 @@ fn prepare(a: &RunArgs) -> Result<std::process::Command, String> {
     };
     cfg.validate().map_err(|e| format!("--budget '{}': {e}", a.budget).replace(": budget ", ": "))?;
     let settings = a.set.iter().map(|s| s.trim()).collect::<Vec<_>>().join(",");
+    let mut with_settings = cfg.clone();
     if !a.set.is_empty() {
-        let mut with_settings = cfg.clone();
         for s in Setting::parse_list(&settings).map_err(|e| format!("--set '{settings}': {e}"))? {
             s.apply(&mut with_settings);
         }
@@ -308,7 +348,7 @@ fn prepare(a: &RunArgs) -> Result<std::process::Command, String> {
     if a.log {
         cmd.env("TIERSWAP_LOG", "1");
     }
-    Ok(cmd)
+    Ok((cmd, with_settings.budget_bytes))
 }
 
 /// The shim: `TIERSWAP_PRELOAD`, else beside this binary.

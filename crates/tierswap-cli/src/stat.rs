@@ -226,8 +226,9 @@ fn table(r: &StatsReply) -> String {
     let _ = writeln!(t, "pid {}  {}", r.pid, clip(&r.cmdline, 70));
     let _ = writeln!(
         t,
-        "footprint {} of budget {} ({:.1}%)  {}",
+        "footprint {} of {} {} ({:.1}%)  {}",
         human(s.footprint),
+        if s.tree_ledger.is_some() { "its share of the tree's budget," } else { "budget" },
         human(s.budget),
         pct(s.footprint, s.budget),
         bar(s.footprint, s.budget, 30)
@@ -242,6 +243,9 @@ fn table(r: &StatsReply) -> String {
     );
     if let Some(anon) = anonymous_bytes(r.pid) {
         let _ = writeln!(t, "{}", managed_line(s.footprint, anon));
+    }
+    if let Some(path) = &s.tree_ledger {
+        t.push_str(&tree_section(r.pid, std::path::Path::new(path)));
     }
     let _ = writeln!(t, "swap: {} slots in use", s.swap_slots);
     let _ = writeln!(
@@ -327,6 +331,55 @@ fn table(r: &StatsReply) -> String {
         );
     }
     t
+}
+
+/// The process tree sharing the budget: one line per process with a pager (its footprint,
+/// its share, its PSS: pages shared copy-on-write with a parent counted once), and the
+/// tree's total against the budget. `me` is marked.
+fn tree_section(me: u32, ledger: &std::path::Path) -> String {
+    let mut t = String::new();
+    let (budget, mut lines) = match tierswap::tree::read(ledger) {
+        Ok(x) => x,
+        Err(e) => return format!("tree: cannot read its ledger {} ({e})\n", ledger.display()),
+    };
+    lines.sort_by_key(|l| l.pid);
+    let total: u64 = lines.iter().map(|l| l.footprint).sum();
+    let _ = writeln!(
+        t,
+        "tree: {} process{} with a pager, footprint {} of the tree's budget {} ({:.1}%)  {}",
+        lines.len(),
+        if lines.len() == 1 { "" } else { "es" },
+        human(total),
+        human(budget),
+        pct(total, budget),
+        bar(total, budget, 30)
+    );
+    let _ = writeln!(t, "  {:>8} {:>8} {:>10} {:>10} {:>10}  COMMAND", "PID", "PARENT", "FOOTPRINT", "SHARE", "PSS");
+    for l in &lines {
+        let cmd = std::fs::read(format!("/proc/{}/cmdline", l.pid))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " ").trim().to_string())
+            .unwrap_or_default();
+        let _ = writeln!(
+            t,
+            "{} {:>8} {:>8} {:>10} {:>10} {:>10}  {}",
+            if l.pid == me { "*" } else { " " },
+            l.pid,
+            l.parent,
+            human(l.footprint),
+            human(l.target),
+            pss_bytes(l.pid).map_or("-".to_string(), human),
+            clip(&cmd, 50)
+        );
+    }
+    t
+}
+
+/// The process's proportional set size (`Pss:` of /proc/PID/smaps_rollup).
+fn pss_bytes(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("Pss:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// The process's resident anonymous memory (`Anonymous:` of /proc/PID/smaps_rollup), which
@@ -438,7 +491,8 @@ fn watch(pid: u32, secs: f64, format: Format) -> Result<(), String> {
 /// Help of the gauges, by field name of [`Stats`].
 fn gauge_help(name: &str) -> &'static str {
     match name {
-        "budget" => "Memory budget of the pager, bytes.",
+        "budget" => "Memory budget of the pager (in a process tree: its share of the tree's budget), bytes.",
+        "tree_budget" => "Budget of the process tree the pager shares (0: none), bytes.",
         "footprint" => "What counts against the budget now (present + staged pages, pool, metadata), bytes.",
         "present_pages" => "Pages mapped in regions.",
         "staged_pages" => "Pages on the inactive list (staged).",

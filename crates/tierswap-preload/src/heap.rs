@@ -326,6 +326,20 @@ pub fn lock_all() {
     LARGE.lock_raw();
 }
 
+/// A fork child's heap before its own pager starts: every class takes its next object from
+/// a fresh span, and the next span from a fresh arena, of the child's own pager. The
+/// parent's arenas stay known (freeing an inherited object works), but their free objects
+/// and unused spans are left alone: they are the parent's pager's memory, which the
+/// child's cannot swap. No thread allocates from the heap meanwhile (nothing is managed
+/// until the pager is up); a free may, under its class's lock.
+pub fn start_afresh() {
+    for c in CLASSES.iter() {
+        let mut c = c.lock();
+        (c.free, c.bump, c.end) = (0, 0, 0);
+    }
+    ARENA_LOCK.lock().span = SPANS_PER_ARENA;
+}
+
 /// Fork's parent and child handlers: release what [`lock_all`] took.
 pub fn unlock_all() {
     // SAFETY: lock_all took them in this thread (or, in the child, in the thread that forked,

@@ -8,7 +8,7 @@ use libc::{c_int, c_void, off_t, size_t};
 
 use crate::heap::{self, Owner, SMALL_MAX};
 use crate::{fds, raw};
-use crate::{managing, MALLOC_ALL, MALLOC_LARGE, MALLOC_MODE, MIN_SIZE, REALLOC_MREMAP};
+use crate::{managing_for, MALLOC_ALL, MALLOC_LARGE, MALLOC_MODE, MIN_SIZE, REALLOC_MREMAP};
 
 const PAGE: usize = 4096;
 /// malloc's alignment guarantee on x86_64 and aarch64.
@@ -44,7 +44,7 @@ fn mmap_kind(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_in
         && rest == ANON
         && matches!(prot, libc::PROT_NONE | RW)
         && len >= MIN_SIZE.load(Ordering::Relaxed)
-        && managing()
+        && managing_for(len)
     {
         return MmapKind::Managed;
     }
@@ -190,7 +190,7 @@ pub extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_in
     let mut advice = advice;
     if advice == libc::MADV_FREE && len > 0 {
         let a = addr as usize;
-        let child = crate::STATE.load(Ordering::Acquire) == crate::STATE_CHILD;
+        let child = crate::FORKED.load(Ordering::Relaxed);
         if child || crate::is_managed(a) || crate::is_managed(a + len - 1) {
             advice = libc::MADV_DONTNEED;
         }
@@ -278,7 +278,7 @@ pub extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 /// Allocates `n` bytes aligned to `align` (a power of two): managed when the shim serves
 /// this size, glibc's otherwise (and whenever managed memory cannot be had).
 fn alloc(n: usize, align: usize) -> *mut u8 {
-    if managing() {
+    if managing_for(n) {
         let mode = MALLOC_MODE.load(Ordering::Relaxed);
         let min = MIN_SIZE.load(Ordering::Relaxed);
         let ours = match mode {
@@ -404,7 +404,7 @@ extern "C" fn calloc_from(count: size_t, size: size_t, caller: usize) -> *mut c_
         raw::set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
-    if !managing() || crate::called_from_libc(caller) {
+    if crate::called_from_libc(caller) || !managing_for(n) {
         // SAFETY: glibc's calloc.
         return unsafe { raw::__libc_calloc(count, size) };
     }
@@ -441,8 +441,8 @@ extern "C" fn realloc_from(p: *mut c_void, n: size_t, caller: usize) -> *mut c_v
         Owner::Small(u) | Owner::Large(u, _, _) if n <= u => return p as *mut c_void,
         Owner::Small(u) | Owner::Large(u, _, _) => u,
         Owner::Libc => {
-            let wants_ours = managing()
-                && !crate::called_from_libc(caller)
+            let wants_ours = !crate::called_from_libc(caller)
+                && managing_for(n)
                 && match MALLOC_MODE.load(Ordering::Relaxed) {
                     MALLOC_ALL => n >= MIN_SIZE.load(Ordering::Relaxed).min(SMALL_MAX),
                     MALLOC_LARGE => n >= MIN_SIZE.load(Ordering::Relaxed),

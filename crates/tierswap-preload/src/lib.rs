@@ -39,10 +39,23 @@
 //! malloc (a C library they call may allocate): a pager thread faulting on managed memory
 //! could end up waiting for itself.
 //!
-//! fork: the child has no pager threads, so it manages nothing new (everything passes
-//! through); memory managed before the fork is served by the parent's pager through the
-//! userfaultfd fork event. exec: `LD_PRELOAD` and the environment are inherited, so an
-//! exec'd program gets a pager of its own, with the same settings.
+//! The process tree (`TIERSWAP_TREE`, set by `tierswap run`): every process of the tree
+//! that has a pager charges one budget (see [`tierswap::tree`]).
+//! - fork: memory managed before the fork is served by the parent's pager through the
+//!   userfaultfd fork event. In thread mode the child gets a pager of its own for what it
+//!   allocates afterwards, started at its first need (below); the heap's spans are taken
+//!   afresh from the child's own arenas, so the child's objects are not put in the
+//!   parent's. In signal mode, or outside a tree, the child manages nothing new
+//!   (everything passes through).
+//! - exec: `LD_PRELOAD` and the environment are inherited, so an exec'd program gets a
+//!   pager of its own, with the same settings, in the same tree.
+//! - First need: a forked child, and an exec'd program that is not the tree's root, start
+//!   their pager when they first ask for a managed-size mapping or allocation, or once they
+//!   have allocated [`START_AFTER_BYTES`]; until then everything passes through. A child
+//!   that execs or exits at once (a shell's, `system()`'s) then costs nothing: creating a
+//!   pager starts threads and opens the swap file, ~2 ms, four times a fork and exec. The
+//!   start runs in whatever thread asks first, outside the shim's own locks; it needs
+//!   only glibc's malloc and pthread_create.
 #![deny(missing_docs)]
 // The unit tests build without `interpose`, the module that calls into most of this crate.
 #![cfg_attr(test, allow(dead_code))]
@@ -53,18 +66,30 @@ pub mod heap;
 mod interpose;
 pub mod raw;
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use tierswap::config::Setting;
 use tierswap::{parse_size, Hint, Pager, PagerConfig, Tiers};
 
-/// The shim's life: not started, serving, in a fork child, or passing everything through.
+/// The shim's life: not started, serving, in a fork child without a pager of its own,
+/// passing everything through, or waiting for the first need to start its pager.
 pub(crate) const STATE_OFF: u8 = 0;
 pub(crate) const STATE_READY: u8 = 1;
 pub(crate) const STATE_CHILD: u8 = 2;
 pub(crate) const STATE_FAILED: u8 = 3;
+pub(crate) const STATE_WAITING: u8 = 4;
 pub(crate) static STATE: AtomicU8 = AtomicU8::new(STATE_OFF);
+/// This process is a fork child (of a process with the shim): its MADV_FREE calls are
+/// rewritten (see `interpose::madvise`), its heap starts afresh with its own pager.
+pub(crate) static FORKED: AtomicBool = AtomicBool::new(false);
+/// Bytes a waiting process has allocated or mapped since it began to wait.
+static WAITING_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// A thread is starting the waiting process's pager (the others pass through meanwhile).
+static STARTING: AtomicBool = AtomicBool::new(false);
+/// A waiting process starts its pager once it has allocated this much (4 MiB): below it, a
+/// child that only prepares an exec, or a short helper, never pays for a pager.
+pub const START_AFTER_BYTES: usize = 4 << 20;
 
 /// How much of malloc the shim serves.
 pub(crate) const MALLOC_OFF: u8 = 0;
@@ -81,9 +106,11 @@ pub(crate) static LIBC_USABLE_SIZE: AtomicUsize = AtomicUsize::new(0);
 /// Default `TIERSWAP_MIN_SIZE`: 256 KiB (V8's heap pages; see the crate comment).
 pub const DEFAULT_MIN_SIZE: usize = 256 << 10;
 
-static PAGER: OnceLock<Pager> = OnceLock::new();
-/// The control socket (lives as long as the process).
-static CONTROL: OnceLock<tierswap::control::ControlServer> = OnceLock::new();
+/// The pager serving this process (leaked: it lives as long as the process): the one made
+/// at start, or a fork child's own. Null before a pager starts.
+static CURRENT: AtomicPtr<Pager> = AtomicPtr::new(std::ptr::null_mut());
+/// The configuration pagers of this process start with (a fork child's too).
+static CONFIG: OnceLock<PagerConfig> = OnceLock::new();
 static SETTINGS: OnceLock<Settings> = OnceLock::new();
 /// The pid that created the pager: a fork child must not report the parent's stats.
 static OWNER_PID: AtomicUsize = AtomicUsize::new(0);
@@ -100,10 +127,92 @@ pub(crate) fn managing() -> bool {
     STATE.load(Ordering::Acquire) == STATE_READY && raw::thread_may_manage()
 }
 
+/// The pager serving this process, if one has started.
+fn pager() -> Option<&'static Pager> {
+    let p = CURRENT.load(Ordering::Acquire);
+    // SAFETY: CURRENT only ever holds a leaked Box<Pager> (start_pager), never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// Whether this thread's allocation of `n` bytes is managed, starting a waiting process's
+/// pager when this is its first need (see the crate comment).
+#[inline]
+pub(crate) fn managing_for(n: usize) -> bool {
+    if STATE.load(Ordering::Acquire) == STATE_WAITING {
+        start_at_need(n);
+    }
+    managing()
+}
+
+#[cold]
+fn start_at_need(n: usize) {
+    if !raw::thread_may_manage() {
+        return;
+    }
+    let asked = WAITING_BYTES.fetch_add(n, Ordering::Relaxed).saturating_add(n);
+    if n < MIN_SIZE.load(Ordering::Relaxed) && asked < START_AFTER_BYTES {
+        return;
+    }
+    if STARTING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let Some(cfg) = CONFIG.get().cloned() else { return };
+    if FORKED.load(Ordering::Relaxed) {
+        // The inherited spans are the parent's arenas, served by its pager: new objects go
+        // to arenas of this process's own pager.
+        heap::start_afresh();
+    }
+    match start_pager(cfg) {
+        Ok(()) => {
+            OWNER_PID.store(std::process::id() as usize, Ordering::Relaxed);
+            STATE.store(STATE_READY, Ordering::Release);
+            if SETTINGS.get().is_some_and(|s| s.log) {
+                eprintln!(
+                    "tierswap: managing the memory of {} (pid {}) from here on",
+                    program_name(),
+                    std::process::id()
+                );
+            }
+        }
+        Err(e) => refuse(&e),
+    }
+}
+
+/// Starts a pager and its control socket and makes it this process's ([`CURRENT`]).
+fn start_pager(cfg: PagerConfig) -> Result<(), String> {
+    // The descriptors the pager and its control socket open are kept open (see fds).
+    let fds_before = fds::open_fds();
+    let low = fds::hold_low();
+    let new = {
+        let _inside = raw::InPager::enter();
+        Pager::new(cfg).map_err(|e| e.to_string())?
+    };
+    CURRENT.store(Box::into_raw(Box::new(new)), Ordering::Release);
+    // The control socket serves `tierswap stat PID`; its thread is named `tierswap-control`,
+    // so its allocations stay unmanaged like the pager's own. Without it the program still
+    // runs managed: say so once. It lives as long as the process.
+    let control = {
+        let _inside = raw::InPager::enter();
+        tierswap::control::ControlServer::start(
+            || pager().map(|p| p.stats()).unwrap_or_default(),
+            tierswap::control::ControlOptions::default(),
+        )
+    };
+    match control {
+        Ok(server) => std::mem::forget(server),
+        Err(e) => {
+            eprintln!("tierswap: no control socket for pid {} (`tierswap stat` cannot see it): {e}", std::process::id())
+        }
+    }
+    drop(low);
+    fds::protect_new_since(&fds_before);
+    Ok(())
+}
+
 /// A fresh managed mapping of `len_bytes` (at `near` when that is free, 0: anywhere), or
 /// `None` (the caller passes through).
 pub(crate) fn map_managed(len_bytes: usize, near: usize) -> Option<usize> {
-    let pager = PAGER.get()?;
+    let pager = pager()?;
     let _inside = raw::InPager::enter();
     match pager.map_detached_near(len_bytes, Hint::Normal, near) {
         Ok(p) => Some(p as usize),
@@ -119,7 +228,7 @@ pub(crate) fn map_managed(len_bytes: usize, near: usize) -> Option<usize> {
 /// Hands the pager the tail `[addr, addr + len_bytes)` an mremap added to a managed mapping
 /// (the kernel's REMAP event tells the old length only).
 pub(crate) fn adopt_grown(addr: usize, len_bytes: usize) {
-    let Some(pager) = PAGER.get() else { return };
+    let Some(pager) = pager() else { return };
     let _inside = raw::InPager::enter();
     if let Err(e) = pager.adopt_grown(addr, len_bytes) {
         if SETTINGS.get().is_some_and(|s| s.log) {
@@ -137,7 +246,7 @@ pub(crate) fn note_protection(addr: usize, len_bytes: usize, prot: i32) {
         return;
     }
     let _inside = raw::InPager::enter();
-    if let Some(p) = PAGER.get() {
+    if let Some(p) = pager() {
         p.note_protection(addr, len_bytes, prot);
     }
 }
@@ -149,20 +258,21 @@ pub(crate) fn inside_one_mapping(addr: usize, len_bytes: usize) -> bool {
     }
     let Some(last) = addr.checked_add(len_bytes - 1) else { return false };
     let _inside = raw::InPager::enter();
-    PAGER.get().is_some_and(|p| match (p.mapping_of(addr), p.mapping_of(last)) {
+    pager().is_some_and(|p| match (p.mapping_of(addr), p.mapping_of(last)) {
         (Some(a), Some(b)) => a == b,
         _ => false,
     })
 }
 
-/// Whether `addr` is in memory the pager manages (false in a fork child: the pager's locks
-/// may have been held by a thread that does not exist there).
+/// Whether `addr` is in memory this process's pager manages (false in a fork child before
+/// its own pager starts: the parent's locks may have been held by a thread that does not
+/// exist there; memory inherited from the parent is not the child's pager's).
 pub(crate) fn is_managed(addr: usize) -> bool {
     if !managing() {
         return false;
     }
     let _inside = raw::InPager::enter();
-    PAGER.get().is_some_and(|p| p.mapping_of(addr).is_some())
+    pager().is_some_and(|p| p.mapping_of(addr).is_some())
 }
 
 /// The pager's configuration and the shim's settings from the `TIERSWAP_*` environment;
@@ -197,6 +307,7 @@ fn config_from_env() -> Result<(PagerConfig, Settings), String> {
         Some("0") => false,
         Some(other) => return Err(format!("TIERSWAP_PIN={other}: use 1 (pin fault threads) or 0")),
     };
+    cfg.tree = var("TIERSWAP_TREE").map(Into::into);
     if let Some(m) = var("TIERSWAP_FAULT_MODE") {
         cfg.fault_mode = m.parse().map_err(|e| format!("TIERSWAP_FAULT_MODE={m}: {e}"))?;
     }
@@ -252,39 +363,15 @@ extern "C" fn init() {
             .filter(|v| !v.trim().is_empty())
             .map_or(String::new(), |v| format!(", settings {v}"))
     );
-    // The descriptors the pager and its control socket open are kept open (see fds).
-    let fds_before = fds::open_fds();
-    let low = fds::hold_low();
-    let pager = {
-        let _inside = raw::InPager::enter();
-        Pager::new(cfg)
-    };
-    match pager {
-        Ok(p) => {
-            let _ = PAGER.set(p);
-        }
-        Err(e) => return refuse(&e.to_string()),
-    }
-    // The control socket serves `tierswap stat PID`; its thread is named `tierswap-control`,
-    // so its allocations stay unmanaged like the pager's own. Without it the program still
-    // runs managed: say so once.
-    let control = {
-        let _inside = raw::InPager::enter();
-        tierswap::control::ControlServer::start(
-            || PAGER.get().map(|p| p.stats()).unwrap_or_default(),
-            tierswap::control::ControlOptions::default(),
-        )
-    };
-    match control {
-        Ok(server) => {
-            let _ = CONTROL.set(server);
-        }
-        Err(e) => {
-            eprintln!("tierswap: no control socket for pid {} (`tierswap stat` cannot see it): {e}", std::process::id())
+    // The tree's root starts its pager now; an exec'd program of the tree at its first
+    // need (see the crate comment).
+    let waits = cfg.tree.as_deref().is_some_and(|t| tierswap::tree::root(t) != Some(std::process::id()));
+    let _ = CONFIG.set(cfg.clone());
+    if !waits {
+        if let Err(e) = start_pager(cfg) {
+            return refuse(&e);
         }
     }
-    drop(low);
-    fds::protect_new_since(&fds_before);
     let log = settings.log;
     let _ = SETTINGS.set(settings);
     OWNER_PID.store(std::process::id() as usize, Ordering::Relaxed);
@@ -292,6 +379,11 @@ extern "C" fn init() {
     unsafe {
         libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
         libc::atexit(at_exit);
+    }
+    if waits {
+        // Said by --log when (if ever) the pager starts: a shell's helpers never need one.
+        STATE.store(STATE_WAITING, Ordering::Release);
+        return;
     }
     STATE.store(STATE_READY, Ordering::Release);
     if log {
@@ -408,8 +500,15 @@ extern "C" fn fork_parent() {
 }
 
 extern "C" fn fork_child() {
-    // The pager's threads do not exist here: manage nothing new.
-    STATE.store(STATE_CHILD, Ordering::Release);
+    // The pager's threads do not exist here. In a tree, in thread mode, the child starts a
+    // pager of its own at its first need; otherwise it manages nothing new.
+    FORKED.store(true, Ordering::Relaxed);
+    let state = STATE.load(Ordering::Acquire);
+    let own = matches!(state, STATE_READY | STATE_WAITING)
+        && CONFIG.get().is_some_and(|c| c.tree.is_some() && c.fault_mode == tierswap::FaultMode::Thread);
+    WAITING_BYTES.store(0, Ordering::Relaxed);
+    STARTING.store(false, Ordering::Relaxed);
+    STATE.store(if own { STATE_WAITING } else { STATE_CHILD }, Ordering::Release);
     heap::unlock_all();
 }
 
@@ -419,9 +518,11 @@ extern "C" fn at_exit() {
     {
         return;
     }
-    let (Some(pager), Some(settings)) = (PAGER.get(), SETTINGS.get()) else { return };
+    let (Some(pager), Some(settings)) = (pager(), SETTINGS.get()) else { return };
     let _inside = raw::InPager::enter();
     let stats = pager.stats();
+    // The tree stops counting this process (its memory goes with it).
+    pager.leave_tree();
     let (arena_bytes, large_live) = heap::usage();
     let mut doc = stats.to_json();
     if let Some(o) = doc.as_object_mut() {

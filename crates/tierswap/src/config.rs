@@ -432,6 +432,10 @@ pub struct PagerConfig {
     /// Who serves a fault: a fault thread woken by the userfaultfd, or the faulting thread
     /// itself in a SIGBUS handler ([`FaultMode`]).
     pub fault_mode: FaultMode,
+    /// The ledger of the process tree whose budget this pager shares (`tierswap run` makes
+    /// one per run, `TIERSWAP_TREE`; see [`crate::tree`]): the pager's budget is then its
+    /// share of the tree's, never more than `budget_bytes`. None: `budget_bytes` alone.
+    pub tree: Option<PathBuf>,
 }
 
 /// Who serves a fault on a swapped-out page.
@@ -532,6 +536,7 @@ impl Default for PagerConfig {
             pool_adapt: true,
             remote: None,
             fault_mode: FaultMode::default(),
+            tree: None,
         }
     }
 }

@@ -24,7 +24,7 @@
 //!  L1  `pagetable` (a Pte word per page)   `swap` (the virtual swap space: slots, entries)
 //!        │   `backend` (zero / same-filled, pool, file, remote)
 //!        │
-//!  L0  `page` `sys` `uffd` `stats` `inject` `trail` `config` `forkgate` `sync`
+//!  L0  `page` `sys` `uffd` `stats` `inject` `trail` `config` `forkgate` `sync` `tree`
 //! ```
 //!
 //! docs/design.md describes each layer, the data structures with their bit layouts, the
@@ -51,6 +51,7 @@ pub mod swap;
 pub(crate) mod sync;
 pub mod sys;
 pub(crate) mod trail;
+pub mod tree;
 pub mod uffd;
 pub(crate) mod writeback;
 

@@ -50,6 +50,9 @@ impl Drop for Threads {
         for h in self.handles.drain(..) {
             let _ = h.join();
         }
+        if let Some(t) = &self.shared.tree {
+            t.leave();
+        }
         crate::mm::children::close(&self.shared);
     }
 }
@@ -86,6 +89,14 @@ impl Pager {
         shared.refresh_metadata();
         let threads = Arc::new(start_threads(&shared)?);
         Ok(Pager { shared, threads })
+    }
+
+    /// Gives this pager's row in its tree's ledger back (the shim's exit hook: a pager with
+    /// detached mappings is never dropped). Its budget share stays as it was.
+    pub fn leave_tree(&self) {
+        if let Some(t) = &self.shared.tree {
+            t.leave();
+        }
     }
 
     /// Maps `len_bytes` (rounded up to pages) of anonymous memory managed by this pager.
@@ -408,6 +419,8 @@ fn stats_of(s: &Shared) -> Stats {
         fault_latency_us: s.counters.latency_histogram(),
         remote_latency_us: s.counters.remote_latency_histogram(),
         remote_pages: s.tiers.swap.count(Tag::Remote),
+        tree_ledger: s.tree.as_ref().map(|t| t.path().display().to_string()),
+        tree_budget: s.tree.as_ref().map_or(0, |t| t.budget()),
     }
 }
 

@@ -289,6 +289,13 @@ pub struct Stats {
     /// Pages in the remote tier.
     #[serde(default)]
     pub remote_pages: u64,
+    /// The ledger of the process tree whose budget this pager shares (`budget` is then
+    /// its share), if any.
+    #[serde(default)]
+    pub tree_ledger: Option<String>,
+    /// The tree's budget, bytes (0: no tree).
+    #[serde(default)]
+    pub tree_budget: u64,
 }
 
 impl Stats {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// Each top-level module of the engine and its layer (lib.rs draws them).
 const LAYERS: &[(&str, u8)] = &[
     // L0: the base: page math, system calls, userfaultfd calls, counters, fault injection,
-    // the trail, the configuration, the fork gate, small sync helpers.
+    // the trail, the configuration, the fork gate, small sync helpers, the tree's ledger.
     ("page", 0),
     ("sys", 0),
     ("uffd", 0),
@@ -20,6 +20,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("config", 0),
     ("forkgate", 0),
     ("sync", 0),
+    ("tree", 0),
     // L1: storage: the page table, the virtual swap space, the backends.
     ("pagetable", 1),
     ("swap", 1),

@@ -132,6 +132,11 @@ impl Children {
         }
     }
 
+    /// Forked children served now.
+    pub(crate) fn live(&self) -> usize {
+        *self.live.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn server_started(&self) {
         *self.live.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
     }
@@ -171,28 +176,36 @@ impl Link {
 /// Pagers of this process, for the exit hook. Guarded by its mutex.
 static PAGERS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
 
-/// The process that registered the exit hook: a forked child inherits the hook, and its
-/// copy of the pagers serves nobody.
+/// The process that registered the exit hook: a forked child inherits the hook and the
+/// list, and its copy of the parent's pagers serves nobody. A child that starts a pager of
+/// its own registers the hook again and starts the list afresh.
 static HOOK_PID: AtomicI32 = AtomicI32::new(0);
-
-static EXIT_HOOK: std::sync::Once = std::sync::Once::new();
+/// The process whose pagers [`PAGERS`] lists (same reason).
+static LIST_PID: AtomicI32 = AtomicI32::new(0);
 
 /// Registers `s` for the hand-over at exit.
 pub(crate) fn note_pager(s: &Arc<Shared>) {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
     let mut v = PAGERS.lock().unwrap_or_else(|e| e.into_inner());
+    if LIST_PID.swap(pid, Ordering::Relaxed) != pid {
+        // A fork child's copy of its parent's list: those pagers are not this process's
+        // (their memory is a copy; forget the entries without touching it).
+        std::mem::forget(std::mem::take(&mut *v));
+    }
     v.retain(|w| w.strong_count() > 0);
     v.push(Arc::downgrade(s));
 }
 
 fn register_exit_hook() {
-    EXIT_HOOK.call_once(|| {
-        // SAFETY: getpid has no preconditions; atexit registers a plain extern "C" fn
-        // with no arguments.
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    if HOOK_PID.swap(pid, Ordering::Relaxed) != pid {
+        // SAFETY: atexit registers a plain extern "C" fn with no arguments.
         unsafe {
-            HOOK_PID.store(libc::getpid(), Ordering::Relaxed);
             libc::atexit(hand_over_at_exit);
         }
-    });
+    }
 }
 
 /// At `exit`: every live pager of this process hands its children their pages.

@@ -101,6 +101,9 @@ pub(crate) struct Shared {
     pub(crate) signal_buffers: usize,
     /// A detached mapping was handed out: the threads live until the process exits.
     pub(crate) keepalive: AtomicBool,
+    /// This pager's row in its process tree's ledger, when it shares a tree's budget
+    /// (atomics in shared memory; the refresh takes its own try-lock, a leaf).
+    pub(crate) tree: Option<crate::tree::Member>,
 }
 
 /// The program's regions. The map is behind its RwLock (read by every lookup, written
@@ -304,6 +307,18 @@ impl Shared {
         let stop_fd = sys::eventfd().map_err(io_err("cannot make the fault threads' stop eventfd"))?;
         let watch = Watch::new(fault_threads, config.fault_follow && config.fault_pin)
             .map_err(io_err("cannot make the fault threads' eventfds"))?;
+        let tree = config.tree.as_ref().and_then(|path| match crate::tree::Member::join(path, config.budget_bytes) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                eprintln!(
+                    "tierswap: pid {} cannot share its tree's budget through {} ({e}); it keeps a budget of its own of {} MiB",
+                    std::process::id(),
+                    path.display(),
+                    config.budget_bytes >> 20
+                );
+                None
+            }
+        });
         Ok(Shared {
             uffd,
             mirror_uffd,
@@ -343,6 +358,7 @@ impl Shared {
             helpers,
             signal_buffers: if signal { signal_buffers() } else { 0 },
             keepalive: AtomicBool::new(false),
+            tree,
             config,
         })
     }
@@ -418,13 +434,33 @@ impl Shared {
             && self.tiers.pool.total_bytes() > max + max / 4
     }
 
+    /// The budget in force: the configured one, or this process's share of its tree's
+    /// (`crate::tree`, refreshed by reclaim's steps through [`Shared::refresh_tree`]).
     pub(crate) fn budget(&self) -> u64 {
-        self.config.budget_bytes
+        match &self.tree {
+            Some(t) => t.target(),
+            None => self.config.budget_bytes,
+        }
     }
 
-    /// The pool limit in force (`PagerConfig::pool_max_bytes`, moved by `pool_adapt`).
+    /// Publishes the footprint in the tree's ledger and takes the new share (rate-limited
+    /// there; nothing without a tree).
+    pub(crate) fn refresh_tree(&self) {
+        if let Some(t) = &self.tree {
+            t.refresh(self.footprint_bytes());
+        }
+    }
+
+    /// The pool limit in force (`PagerConfig::pool_max_bytes`, moved by `pool_adapt`),
+    /// scaled to the share of a tree's budget as the budget itself is.
     pub(crate) fn pool_limit(&self) -> u64 {
-        self.tiers.pool_share.limit()
+        let limit = self.tiers.pool_share.limit();
+        match &self.tree {
+            Some(t) if self.config.budget_bytes > 0 => {
+                ((limit as u128 * t.target() as u128) / self.config.budget_bytes as u128) as u64
+            }
+            _ => limit,
+        }
     }
 
     /// Pages the budget holds: a page refaulted within this many evictions of its own

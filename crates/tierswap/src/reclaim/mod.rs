@@ -128,6 +128,7 @@ pub(crate) fn reclaim_thread(s: Arc<Shared>) {
             r.s.refresh_metadata();
             r.last_metadata = Instant::now();
         }
+        r.s.refresh_tree();
         let fp = r.s.footprint_bytes();
         r.s.counters.note_footprint(fp);
         if r.pool_over_limit() {
@@ -215,6 +216,7 @@ impl Reclaim {
             if self.s.wake.shutdown.load(Ordering::Acquire) {
                 return;
             }
+            self.s.refresh_tree();
             let fp = self.s.footprint_bytes();
             self.s.counters.note_footprint(fp);
             let now = pressure(&self.s);
@@ -259,7 +261,11 @@ impl Reclaim {
             // Under the low watermark is the goal; over the budget is what users must hear of.
             if !writeback_can && fp > self.s.budget() {
                 self.s.counters.over_budget_events.fetch_add(1, Ordering::Relaxed);
-                if !self.s.acct.warned_over_budget.swap(true, Ordering::Relaxed) {
+                // Pages still shared with forked children cannot be moved out (UFFDIO_MOVE
+                // takes pages this process alone maps): in a tree that is the children's
+                // lot, not news, and the tree's other members make the room.
+                let shared_with_children = self.s.tree.is_some() && self.s.fork.children.live() > 0;
+                if !shared_with_children && !self.s.acct.warned_over_budget.swap(true, Ordering::Relaxed) {
                     eprintln!(
                         "tierswap: footprint {} MiB is over the budget of {} MiB and nothing more can be evicted{}; going over budget rather than losing data",
                         fp >> 20,

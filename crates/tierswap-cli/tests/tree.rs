@@ -1,0 +1,165 @@
+//! One budget for a process tree: `tierswap run` makes a ledger, and the program, its forked
+//! children and the programs they exec charge their footprints to it (tierswap::tree). The
+//! C program crates/tierswap-preload/tests/c/treework.c forks workers that build memory of
+//! their own and checks every byte; these tests watch the ledger and /proc while it runs.
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{compile, tierswap_run, TestDir, TIMEOUT};
+
+const MIB: u64 = 1 << 20;
+
+/// What the sampler saw of a run's tree.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Most processes with a row in the ledger at once.
+    members: usize,
+    /// Largest sum of the members' footprints, bytes.
+    footprint_sum: u64,
+    /// Largest summed PSS of the members, bytes (pages shared copy-on-write counted once,
+    /// as a memory cgroup charges them; RSS would count a parent's pages in every child).
+    pss_sum: u64,
+    /// The ledger's budget.
+    budget: u64,
+    /// Whether the ledger was ever there.
+    ledger_seen: bool,
+}
+
+fn pss_bytes(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+/// Runs `cmd` (a `tierswap run`) to its end, sampling its ledger every 5 ms; returns its
+/// stdout, whether it succeeded, what was seen, and whether the ledger is gone after.
+fn run_watched(mut cmd: Command, dir: &TestDir) -> (String, bool, Seen, bool) {
+    let out_path = dir.path("out.txt");
+    cmd.stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(dir.path("err.txt")).unwrap());
+    let mut child = cmd.spawn().expect("spawn tierswap run");
+    // run execs the program: its pid is the tree's root, and names the ledger.
+    let ledger: PathBuf = tierswap::tree::default_path(child.id());
+    let mut seen = Seen::default();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            panic!("the run hung: {}", std::fs::read_to_string(dir.path("err.txt")).unwrap_or_default());
+        }
+        if let Ok((budget, lines)) = tierswap::tree::read(&ledger) {
+            seen.ledger_seen = true;
+            seen.budget = budget;
+            seen.members = seen.members.max(lines.len());
+            seen.footprint_sum = seen.footprint_sum.max(lines.iter().map(|l| l.footprint).sum());
+            seen.pss_sum = seen.pss_sum.max(lines.iter().map(|l| pss_bytes(l.pid)).sum());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(dir.path("err.txt")).unwrap_or_default();
+    eprintln!("{stdout}{stderr}{seen:?}");
+    (stdout, status.success(), seen, !ledger.exists())
+}
+
+/// Four forked workers each build 48 MiB of their own under a 32 MiB budget for the tree
+/// (the parent holds 16 MiB): every worker gets a pager of its own in the ledger, the tree's
+/// PSS stays near the budget (it is over 200 MiB unmanaged), every byte comes back right,
+/// and the ledger is gone at the end, whether the workers leave with exit or _exit.
+#[test]
+fn forked_workers_share_the_tree_budget() {
+    let dir = TestDir::new("tree-workers");
+    let prog = compile(&dir, "treework");
+    let budget = 32 * MIB;
+    // The same tree with 1 MiB of data: what the processes hold besides their data.
+    let (out, ok, small, gone) = run_watched(tierswap_run(&["--budget", "32M"], &prog, &["4", "1", "1", "1"]), &dir);
+    assert!(ok && out.contains("treework ok") && gone, "baseline run: {out}");
+    for how in ["_exit", "exit"] {
+        let (out, ok, seen, gone) =
+            run_watched(tierswap_run(&["--budget", "32M"], &prog, &["4", "48", "16", "3", how]), &dir);
+        assert!(ok && out.contains("treework ok"), "{how}: {out}");
+        assert!(seen.ledger_seen && seen.budget == budget, "{how}: {seen:?}");
+        assert_eq!(seen.members, 5, "{how}: the parent and each worker have a pager: {seen:?}");
+        // The shares are refreshed every few milliseconds, so the tree may run a little
+        // over between looks; unmanaged children alone would hold 4 × 48 MiB.
+        assert!(seen.footprint_sum <= budget * 3 / 2, "{how}: footprints summed to {} MiB", seen.footprint_sum >> 20);
+        assert!(
+            seen.pss_sum <= budget * 3 / 2 + small.pss_sum,
+            "{how}: the tree's PSS reached {} MiB (with 1 MiB of data: {} MiB)",
+            seen.pss_sum >> 20,
+            small.pss_sum >> 20
+        );
+        assert!(gone, "{how}: the last process out removes the ledger");
+    }
+}
+
+/// `--per-process`: no ledger; each process keeps a budget of its own (the tree may hold
+/// several budgets), and every byte is still right.
+#[test]
+fn per_process_budgets_make_no_ledger() {
+    let dir = TestDir::new("tree-per-process");
+    let prog = compile(&dir, "treework");
+    let (out, ok, seen, _) =
+        run_watched(tierswap_run(&["--budget", "16M", "--per-process"], &prog, &["2", "24", "8", "2"]), &dir);
+    assert!(ok && out.contains("treework ok"), "{out}");
+    assert!(!seen.ledger_seen, "{seen:?}");
+}
+
+/// `tierswap stat PID` of a process in a tree shows the tree: one line per process with a
+/// pager, the total against the tree's budget, and the process's own budget as its share.
+#[test]
+fn stat_shows_the_tree() {
+    let dir = TestDir::new("tree-stat");
+    let prog = compile(&dir, "treework");
+    let mut cmd = tierswap_run(&["--budget", "32M"], &prog, &["2", "24", "8", "40"]);
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).process_group(0);
+    let mut child = cmd.spawn().expect("spawn tierswap run");
+    let root = child.id();
+    let ledger = tierswap::tree::default_path(root);
+    let t0 = Instant::now();
+    let mut members = Vec::new();
+    while t0.elapsed() < TIMEOUT && child.try_wait().unwrap().is_none() {
+        members = tierswap::tree::read(&ledger).map(|(_, l)| l).unwrap_or_default();
+        if members.len() == 3 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(members.len(), 3, "the parent and two workers never had pagers at once: {members:?}");
+    let out = Command::new(common::tierswap_bin()).args(["stat", &root.to_string()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // SAFETY: kills the process group the run leads (its workers too); not reaped yet.
+    unsafe { libc::kill(-(root as i32), libc::SIGKILL) };
+    let _ = child.wait();
+    eprintln!("{text}");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("of its share of the tree's budget"), "{text}");
+    assert!(text.contains("with a pager, footprint") && text.contains("of the tree's budget 32.0 MiB"), "{text}");
+    for m in &members {
+        assert!(
+            text.lines().any(|l| l.split_whitespace().any(|w| w == m.pid.to_string())),
+            "{} missing: {text}",
+            m.pid
+        );
+    }
+    assert!(text.lines().any(|l| l.starts_with('*') && l.contains(&root.to_string())), "{text}");
+    // Killed, nobody left its row: the next run's sweep removes the ledger.
+    let t0 = Instant::now();
+    while ledger.exists() && t0.elapsed() < Duration::from_secs(10) {
+        tierswap::tree::sweep(ledger.parent().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!ledger.exists(), "the ledger of a killed tree is not swept");
+}
