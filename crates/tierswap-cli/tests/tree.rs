@@ -163,3 +163,43 @@ fn stat_shows_the_tree() {
     }
     assert!(!ledger.exists(), "the ledger of a killed tree is not swept");
 }
+
+/// The parent exits right after forking three workers: they live on under the tree's budget
+/// (the parent handed them every page of its memory they still needed as it went), each
+/// checks every byte of its own memory and of the parent's as of the fork, and their rows go
+/// when they do.
+#[test]
+fn workers_outlive_their_parent_under_the_tree_budget() {
+    let dir = TestDir::new("tree-orphans");
+    let prog = compile(&dir, "treework");
+    let budget = 32 * MIB;
+    let out_path = dir.path("out.txt");
+    let mut cmd = tierswap_run(&["--budget", "32M"], &prog, &["3", "48", "16", "3", "orphans"]);
+    cmd.stdin(Stdio::null()).stdout(std::fs::File::create(&out_path).unwrap()).stderr(Stdio::null());
+    let mut child = cmd.spawn().expect("spawn tierswap run");
+    let root = child.id();
+    assert!(child.wait().unwrap().success(), "the parent failed");
+    let ledger = tierswap::tree::default_path(root);
+    let (mut most, mut members, mut seen_after) = (0u64, 0usize, false);
+    let t0 = Instant::now();
+    loop {
+        assert!(t0.elapsed() < TIMEOUT, "the workers hung: {}", std::fs::read_to_string(&out_path).unwrap_or_default());
+        let lines = tierswap::tree::read(&ledger).map(|(_, l)| l).unwrap_or_default();
+        let done = std::fs::read_to_string(&out_path).unwrap_or_default().lines().count() == 3;
+        if lines.is_empty() && done {
+            break;
+        }
+        seen_after |= !lines.is_empty();
+        assert!(lines.iter().all(|l| l.pid != root), "the parent's row outlived it: {lines:?}");
+        members = members.max(lines.len());
+        most = most.max(lines.iter().map(|l| l.footprint).sum());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = std::fs::read_to_string(&out_path).unwrap();
+    eprintln!("{out}members {members}, footprints summed to at most {} MiB", most >> 20);
+    assert_eq!(out.lines().filter(|l| *l == "worker ok").count(), 3, "{out}");
+    assert!(seen_after && members == 3, "the workers had pagers after their parent left: {members}");
+    assert!(most <= budget * 3 / 2, "footprints summed to {} MiB", most >> 20);
+    tierswap::tree::sweep(ledger.parent().unwrap());
+    assert!(!ledger.exists(), "the ledger of a tree that is gone is swept");
+}

@@ -2,8 +2,10 @@
  * each build memory of their own (small and large mallocs, made after the fork), check it
  * over several passes, check the parent's memory as of the fork, and exit; the parent checks
  * its own memory after they are done. Every byte is compared with its pattern.
- * Usage: treework WORKERS WORKER_MIB PARENT_MIB PASSES [exit|_exit]
- * Prints "treework ok" and exits 0 when every byte was right. */
+ * Usage: treework WORKERS WORKER_MIB PARENT_MIB PASSES [exit|_exit|orphans]
+ * Prints "treework ok" and exits 0 when every byte was right. With `orphans` the parent exits
+ * right after the forks (its workers live on) and each worker prints "worker ok" or
+ * "worker BAD" instead. */
 #include "common.h"
 
 #include <sys/wait.h>
@@ -46,6 +48,7 @@ int main(int argc, char **argv) {
     int workers = atoi(argv[1]), passes = atoi(argv[4]);
     size_t worker_mib = (size_t)atol(argv[2]), parent_len = (size_t)atol(argv[3]) * MIB;
     int plain_exit = argc > 5 && !strcmp(argv[5], "exit");
+    int orphans = argc > 5 && !strcmp(argv[5], "orphans");
     uint8_t *parent = xmalloc(parent_len);
     fill(parent, parent_len, 7);
     for (int w = 0; w < workers; w++) {
@@ -55,12 +58,20 @@ int main(int argc, char **argv) {
             return 1;
         }
         if (pid == 0) {
+            if (orphans)
+                usleep(200000); /* the parent is gone by then */
             int bad = worker(w, worker_mib, parent, parent_len, passes);
+            if (orphans) {
+                printf("worker %s\n", bad ? "BAD" : "ok");
+                fflush(stdout);
+            }
             if (plain_exit)
                 exit(bad);
             _exit(bad);
         }
     }
+    if (orphans)
+        return 0;
     int bad = 0;
     for (int w = 0; w < workers; w++) {
         int st;
