@@ -363,8 +363,12 @@ extern "C" fn init() {
             .filter(|v| !v.trim().is_empty())
             .map_or(String::new(), |v| format!(", settings {v}"))
     );
-    // The tree's root starts its pager now; an exec'd program of the tree at its first
-    // need (see the crate comment).
+    // A process that started a pager, then exec'd this program, left a row its pager no
+    // longer backs. The tree's root starts its pager now; an exec'd program of the tree at
+    // its first need (see the crate comment).
+    if let Some(t) = cfg.tree.as_deref() {
+        tierswap::tree::forget_earlier_images(t);
+    }
     let waits = cfg.tree.as_deref().is_some_and(|t| tierswap::tree::root(t) != Some(std::process::id()));
     let _ = CONFIG.set(cfg.clone());
     if !waits {

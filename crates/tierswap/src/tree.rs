@@ -21,13 +21,16 @@
 //!  | MAGIC  | version  | rows (N) | budget (B) | root pid  |  unused    |
 //!  +--------+----------+----------+------------+-----------+---------...+
 //!  offset 64 + 64 * i: row i (64 bytes, one cache line), i < N
-//!   0       4        8            16          24            32
-//!  +-------+--------+------------+-----------+-------------+-------...+
-//!  | pid   | parent | footprint  | target    | start time  |  unused   |
-//!  +-------+--------+------------+-----------+-------------+-------...+
+//!   0       4        8            16          24            32          40
+//!  +-------+--------+------------+-----------+-------------+-----------+---...+
+//!  | pid   | parent | footprint  | target    | start time  | image     |unused |
+//!  +-------+--------+------------+-----------+-------------+-----------+---...+
 //!   pid 0: a free row; a process claims one by compare-exchange 0 → its pid.
 //!   footprint, target: bytes.  start time: /proc/PID/stat field 22 (clock ticks after
 //!   boot), which tells a dead member from a new process that reuses its pid.
+//!   image: 8 of the random bytes the kernel gives each exec (AT_RANDOM): a process that
+//!   execs keeps its pid and start time, and its new image frees the rows of the old
+//!   ([`forget_earlier_images`]), whose pagers are gone.
 //! ```
 //!
 //! A member that exits normally frees its row ([`Member::leave`]); one that is killed or
@@ -75,6 +78,7 @@ struct Row {
     footprint: AtomicU64,
     target: AtomicU64,
     start: AtomicU64,
+    image: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
@@ -199,6 +203,35 @@ impl Ledger {
             }
         }
         live
+    }
+}
+
+/// This program image's token: the first 8 of the random bytes the kernel put on the stack
+/// at exec (AT_RANDOM), new at every exec.
+fn image_token() -> u64 {
+    // SAFETY: getauxval has no preconditions; AT_RANDOM points to 16 bytes that live as
+    // long as the process (0 where the auxiliary vector lacks it).
+    unsafe {
+        let p = libc::getauxval(libc::AT_RANDOM) as *const u8;
+        if p.is_null() {
+            return 0;
+        }
+        u64::from_ne_bytes(std::ptr::read_unaligned(p as *const [u8; 8]))
+    }
+}
+
+/// Frees the rows this process's earlier program images left (a forked child that started
+/// a pager, then exec'd: its pager is gone, its row would count a footprint nobody holds
+/// until the process exits). The shim calls it at every start in a tree.
+pub fn forget_earlier_images(path: &Path) {
+    let Ok(l) = Ledger::map(path, None) else { return };
+    let (pid, image) = (std::process::id(), image_token());
+    for i in 0..ROWS as usize {
+        let r = l.row(i);
+        if r.pid.load(Ordering::Acquire) == pid && r.image.load(Ordering::Relaxed) != image {
+            r.footprint.store(0, Ordering::Relaxed);
+            let _ = r.pid.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
     }
 }
 
@@ -360,6 +393,7 @@ impl Member {
         let r = ledger.row(row);
         r.parent.store(parent, Ordering::Relaxed);
         r.start.store(start, Ordering::Relaxed);
+        r.image.store(image_token(), Ordering::Relaxed);
         r.footprint.store(0, Ordering::Relaxed);
         let budget = ledger.budget();
         let m = Member {
@@ -456,6 +490,10 @@ mod tests {
     use super::*;
 
     const M: u64 = 1 << 20;
+
+    fn me_row(l: &Ledger) -> usize {
+        (0..ROWS as usize).find(|&i| l.row(i).pid.load(Ordering::Relaxed) == std::process::id()).unwrap()
+    }
 
     fn temp_path(tag: &str) -> PathBuf {
         std::env::temp_dir().join(format!("tierswap-tree-test.{}.{tag}", std::process::id()))
@@ -570,6 +608,18 @@ mod tests {
         assert_eq!(l.lines()[0].footprint, 50 * M);
         assert_eq!(l.reap(), 0);
         assert!(l.lines().is_empty());
+        // A row of this process from another program image (as if it had exec'd since) goes;
+        // this image's own row stays.
+        let me = Member::join(&path, M).unwrap();
+        let old = (0..ROWS as usize).find(|&i| l.row(i).pid.load(Ordering::Relaxed) == 0).unwrap();
+        l.row(old).image.store(image_token() ^ 1, Ordering::Relaxed);
+        l.row(old).pid.store(std::process::id(), Ordering::Release);
+        assert_eq!(l.lines().len(), 2);
+        forget_earlier_images(&path);
+        assert_eq!(l.lines().len(), 1, "the earlier image's row is freed, ours stays");
+        std::mem::forget(me);
+        assert_eq!(l.reap(), 1);
+        l.row(me_row(&l)).pid.store(0, Ordering::Release);
         drop(l);
         // A ledger named as run names it, for a root that is gone and with no member
         // left, is swept; one whose root lives is kept.
