@@ -203,3 +203,16 @@ fn workers_outlive_their_parent_under_the_tree_budget() {
     tierswap::tree::sweep(ledger.parent().unwrap());
     assert!(!ledger.exists(), "the ledger of a tree that is gone is swept");
 }
+
+/// A child whose own pager has started forks in turn: its child reads the program's memory
+/// (served by the program's pager) and the child's (served by the child's), builds its own,
+/// and its writes stay its own; under 16 MiB for the tree, so all three are swapped.
+#[test]
+fn a_childs_own_pager_serves_its_forked_child() {
+    let dir = TestDir::new("tree-generations");
+    let prog = compile(&dir, "treegen");
+    let (out, ok, seen, gone) = run_watched(tierswap_run(&["--budget", "16M"], &prog, &[]), &dir);
+    assert!(ok && out.contains("treegen ok"), "{out}");
+    assert!(seen.members >= 2, "the child had a pager of its own: {seen:?}");
+    assert!(gone);
+}
