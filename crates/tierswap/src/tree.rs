@@ -16,21 +16,24 @@
 //!
 //! ```text
 //!  offset 0: header (64 bytes)
-//!   0        8          12         16           24          28
-//!  +--------+----------+----------+------------+-----------+---------...+
-//!  | MAGIC  | version  | rows (N) | budget (B) | root pid  |  unused    |
-//!  +--------+----------+----------+------------+-----------+---------...+
+//!   0        8          12         16           24          28           32
+//!  +--------+----------+----------+------------+-----------+------------+---...+
+//!  | MAGIC  | version  | rows (N) | budget (B) | root pid  | rows used  |unused |
+//!  +--------+----------+----------+------------+-----------+------------+---...+
+//!   rows used: one past the highest row ever claimed (scans stop there).
 //!  offset 64 + 64 * i: row i (64 bytes, one cache line), i < N
-//!   0       4        8            16          24            32          40
-//!  +-------+--------+------------+-----------+-------------+-----------+---...+
-//!  | pid   | parent | footprint  | target    | start time  | image     |unused |
-//!  +-------+--------+------------+-----------+-------------+-----------+---...+
+//!   0       4        8            16          24            32          40         48
+//!  +-------+--------+------------+-----------+-------------+-----------+----------+--...+
+//!  | pid   | parent | footprint  | target    | start time  | image     | beat     |unused|
+//!  +-------+--------+------------+-----------+-------------+-----------+----------+--...+
 //!   pid 0: a free row; a process claims one by compare-exchange 0 → its pid.
 //!   footprint, target: bytes.  start time: /proc/PID/stat field 22 (clock ticks after
 //!   boot), which tells a dead member from a new process that reuses its pid.
 //!   image: 8 of the random bytes the kernel gives each exec (AT_RANDOM): a process that
 //!   execs keeps its pid and start time, and its new image frees the rows of the old
 //!   ([`forget_earlier_images`]), whose pagers are gone.
+//!   beat: CLOCK_MONOTONIC milliseconds of the member's last refresh; a member heard from
+//!   within [`FRESH`] is alive without a look at /proc.
 //! ```
 //!
 //! A member that exits normally frees its row ([`Member::leave`]); one that is killed or
@@ -59,6 +62,9 @@ const ROW_BYTES: usize = 64;
 pub const LEDGER_BYTES: usize = HEADER_BYTES + ROW_BYTES * ROWS as usize;
 /// How often a member looks for dead ones.
 const REAP_EVERY: Duration = Duration::from_millis(250);
+/// A member whose beat is this recent is alive: only the others' rows are read from /proc
+/// (with 64 members each looking at all every 250 ms, /proc reads would be 16,000 a second).
+const FRESH: Duration = Duration::from_secs(1);
 /// How often the share is recomputed at most.
 const REFRESH_EVERY: Duration = Duration::from_millis(2);
 
@@ -69,6 +75,7 @@ struct Header {
     rows: AtomicU32,
     budget: AtomicU64,
     root: AtomicU32,
+    used: AtomicU32,
 }
 
 #[repr(C)]
@@ -79,6 +86,7 @@ struct Row {
     target: AtomicU64,
     start: AtomicU64,
     image: AtomicU64,
+    beat: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
@@ -171,8 +179,13 @@ impl Ledger {
         self.header().budget.load(Ordering::Relaxed)
     }
 
+    /// Rows that may be taken: one past the highest ever claimed.
+    fn used(&self) -> usize {
+        (self.header().used.load(Ordering::Acquire) as usize).min(ROWS as usize)
+    }
+
     fn lines(&self) -> Vec<Line> {
-        (0..ROWS as usize)
+        (0..self.used())
             .filter_map(|i| {
                 let r = self.row(i);
                 let pid = r.pid.load(Ordering::Acquire);
@@ -189,13 +202,15 @@ impl Ledger {
     /// Frees the rows of members that are gone; returns how many live rows remain.
     fn reap(&self) -> usize {
         let mut live = 0;
-        for i in 0..ROWS as usize {
+        let now = monotonic_ms();
+        for i in 0..self.used() {
             let r = self.row(i);
             let pid = r.pid.load(Ordering::Acquire);
             if pid == 0 {
                 continue;
             }
-            if alive(pid, r.start.load(Ordering::Relaxed)) {
+            let fresh = now.saturating_sub(r.beat.load(Ordering::Relaxed)) < FRESH.as_millis() as u64;
+            if (fresh && exists(pid)) || alive(pid, r.start.load(Ordering::Relaxed)) {
                 live += 1;
             } else {
                 r.footprint.store(0, Ordering::Relaxed);
@@ -204,6 +219,14 @@ impl Ledger {
         }
         live
     }
+}
+
+/// CLOCK_MONOTONIC in milliseconds: the same clock in every process of the machine.
+fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into ours.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 /// This program image's token: the first 8 of the random bytes the kernel put on the stack
@@ -226,13 +249,20 @@ fn image_token() -> u64 {
 pub fn forget_earlier_images(path: &Path) {
     let Ok(l) = Ledger::map(path, None) else { return };
     let (pid, image) = (std::process::id(), image_token());
-    for i in 0..ROWS as usize {
+    for i in 0..l.used() {
         let r = l.row(i);
         if r.pid.load(Ordering::Acquire) == pid && r.image.load(Ordering::Relaxed) != image {
             r.footprint.store(0, Ordering::Relaxed);
             let _ = r.pid.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
         }
     }
+}
+
+/// Whether a process `pid` exists (a zombie does: only for a member heard from lately).
+fn exists(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// Whether `pid` is the live process that started at `start` (a zombie is not).
@@ -381,6 +411,8 @@ impl Member {
                     && r.pid.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed).is_ok()
             })
         };
+        // Claims the first free row; a row past the ones in use is taken in order, so the
+        // scans' bound only grows.
         let row = match claim(&ledger) {
             Some(r) => r,
             None => {
@@ -390,7 +422,9 @@ impl Member {
                 })?
             }
         };
+        ledger.header().used.fetch_max(row as u32 + 1, Ordering::AcqRel);
         let r = ledger.row(row);
+        r.beat.store(monotonic_ms(), Ordering::Relaxed);
         r.parent.store(parent, Ordering::Relaxed);
         r.start.store(start, Ordering::Relaxed);
         r.image.store(image_token(), Ordering::Relaxed);
@@ -453,8 +487,9 @@ impl Member {
     fn recompute(&self, footprint: u64) {
         let me = self.ledger.row(self.row);
         me.footprint.store(footprint, Ordering::Relaxed);
+        me.beat.store(monotonic_ms(), Ordering::Relaxed);
         let (mut sum, mut members) = (0u64, 0u64);
-        for i in 0..ROWS as usize {
+        for i in 0..self.ledger.used() {
             let r = self.ledger.row(i);
             if r.pid.load(Ordering::Acquire) != 0 {
                 sum += r.footprint.load(Ordering::Relaxed);
@@ -612,6 +647,7 @@ mod tests {
         // this image's own row stays.
         let me = Member::join(&path, M).unwrap();
         let old = (0..ROWS as usize).find(|&i| l.row(i).pid.load(Ordering::Relaxed) == 0).unwrap();
+        l.header().used.fetch_max(old as u32 + 1, Ordering::AcqRel);
         l.row(old).image.store(image_token() ^ 1, Ordering::Relaxed);
         l.row(old).pid.store(std::process::id(), Ordering::Release);
         assert_eq!(l.lines().len(), 2);
