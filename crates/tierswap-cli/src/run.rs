@@ -71,8 +71,8 @@ one for faults that are not its own.
 The budget covers the process tree, as a memory cgroup's limit does: PROG, its forked \
 children and the programs they exec share it, each process with a pager charging its \
 footprint to a ledger on tmpfs (/dev/shm/tierswap-tree.PID). While the tree is under the \
-budget any process may grow into the room left; over it, each gives back in proportion to \
-its size. A forked child (thread mode) and an exec'd program start a pager of their own at \
+budget each process may grow by an equal part of the room left (looked at again every few \
+milliseconds); over it, each gives back in proportion to its size. A forked child (thread mode) and an exec'd program start a pager of their own at \
 their first need (a managed-size mapping or allocation, or 4 MiB allocated), so a child \
 that only execs costs nothing; what the parent managed before the fork stays served by \
 the parent's pager (pages a child reads or writes of it are the child's, resident, not \
