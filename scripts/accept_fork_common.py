@@ -8,9 +8,11 @@ one JSON line each driver prints. Python 3.11 standard library only.
 import json
 import os
 import shlex
+import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -190,3 +192,57 @@ def emit(record):
 
 def fail(msg):
     print(f"accept-fork: {msg}", file=sys.stderr, flush=True)
+
+
+# The forking servers' drivers (parts c and d): the server, started under the prefix,
+# publishes its port(s) and build time in a file once it serves; the client asks ranges of
+# its data and checks each reply.
+
+def publish(path, text):
+    """Writes `text` to `path` whole: a reader polling for the file never sees half of it."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.rename(tmp, path)
+
+
+def publish_path(tag):
+    """A fresh private path for a server to publish at."""
+    return os.path.join(tempfile.mkdtemp(prefix="tierswap-accept-fork-%s." % tag), "port")
+
+
+def start_server(argv):
+    """Starts a server in a process group of its own (so its whole tree can be killed), its
+    stderr kept for the report."""
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            process_group=0)
+
+
+def wait_published(server, path, t_start, timeout_s):
+    """What `server` published at `path`, once it has; raises when it exits first or takes
+    longer than `timeout_s` from `t_start`."""
+    while not os.path.exists(path):
+        if server.poll() is not None:
+            raise RuntimeError("the server exited with %d before serving: %s"
+                               % (server.returncode, server.stderr.read().strip()[-300:]))
+        if time.monotonic() - t_start > timeout_s:
+            raise RuntimeError("the server did not start serving in %ds" % timeout_s)
+        time.sleep(0.05)
+    with open(path) as f:
+        return f.read()
+
+
+def unpublish(path):
+    """Removes the published file and its directory."""
+    try:
+        os.remove(path)
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass
+
+
+def ask(port, first, count):
+    """One request to a server on this machine: `count` chunks from `first`; its reply line."""
+    with socket.create_connection(("127.0.0.1", port), timeout=3600) as s:
+        s.sendall(b"%d %d\n" % (first, count))
+        return s.makefile("rb").readline().strip().decode(errors="replace")

@@ -29,7 +29,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -135,39 +134,21 @@ def serve(a):
         dead_worker()
     os.close(ready_r)
     built = time.monotonic() - t0
-    tmp = a.port_file + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("%s %.2f\n" % (",".join(str(s.getsockname()[1]) for s in socks), built))
-    os.rename(tmp, a.port_file)
+    common.publish(a.port_file, "%s %.2f\n" % (",".join(str(s.getsockname()[1]) for s in socks), built))
     while True:
         time.sleep(0.2)
         dead_worker()
 
 
-def ask(port, first, count):
-    with socket.create_connection(("127.0.0.1", port), timeout=3600) as s:
-        s.sendall(b"%d %d\n" % (first, count))
-        return s.makefile("rb").readline().strip().decode(errors="replace")
-
-
 def client(a, rec):
-    port_file = os.path.join(tempfile.mkdtemp(prefix="tierswap-accept-fork-own."), "ports")
+    port_file = common.publish_path("own")
     argv = common.command(a.prefix, [common.python(), os.path.abspath(__file__), "--serve", "--workers",
                                      str(a.workers), "--worker-mib", str(a.worker_mib), "--port-file", port_file])
     t_start = time.monotonic()
-    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              process_group=0)
+    server = common.start_server(argv)
     sampler = common.TreeSampler(server.pid)
     try:
-        while not os.path.exists(port_file):
-            if server.poll() is not None:
-                raise RuntimeError("the server exited with %d before serving: %s"
-                                   % (server.returncode, server.stderr.read().strip()[-300:]))
-            if time.monotonic() - t_start > a.timeout:
-                raise RuntimeError("the server did not start serving in %ds" % a.timeout)
-            time.sleep(0.05)
-        with open(port_file) as f:
-            ports, built = f.read().split()
+        ports, built = common.wait_published(server, port_file, t_start, a.timeout).split()
         ports = [int(p) for p in ports.split(",")]
         rec["build_s"] = float(built)
         span = a.worker_mib - a.request_mib
@@ -185,7 +166,7 @@ def client(a, rec):
         t = time.monotonic()
         wrong = []
         with concurrent.futures.ThreadPoolExecutor(a.concurrency) as pool:
-            replies = pool.map(lambda q: (q, ask(ports[q[0]], q[1], a.request_mib)), asks)
+            replies = pool.map(lambda q: (q, common.ask(ports[q[0]], q[1], a.request_mib)), asks)
             for q, got in replies:
                 if got != expected[q]:
                     wrong.append((q, got[:24]))
@@ -215,11 +196,7 @@ def client(a, rec):
         err = server.stderr.read().strip()
         if err and rec["problems"]:
             rec["server_stderr"] = err[-400:]
-        try:
-            os.remove(port_file)
-            os.rmdir(os.path.dirname(port_file))
-        except OSError:
-            pass
+        common.unpublish(port_file)
 
 
 def main():

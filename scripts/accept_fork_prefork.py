@@ -18,11 +18,8 @@ import concurrent.futures
 import hashlib
 import os
 import random
-import socket
 import socketserver
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -69,37 +66,19 @@ def serve(a):
     DATA.extend(chunk_of(i) for i in range(a.data_mib))
     built = time.monotonic() - t0
     with Server(("127.0.0.1", 0), Handler) as srv:
-        tmp = a.port_file + ".tmp"
-        with open(tmp, "w") as f:
-            f.write("%d %.2f\n" % (srv.server_address[1], built))
-        os.rename(tmp, a.port_file)
+        common.publish(a.port_file, "%d %.2f\n" % (srv.server_address[1], built))
         srv.serve_forever()
 
 
-def ask(port, first, count):
-    with socket.create_connection(("127.0.0.1", port), timeout=3600) as s:
-        s.sendall(b"%d %d\n" % (first, count))
-        return s.makefile("rb").readline().strip().decode(errors="replace")
-
-
 def client(a, rec):
-    port_file = os.path.join(tempfile.mkdtemp(prefix="tierswap-accept-fork-prefork."), "port")
+    port_file = common.publish_path("prefork")
     argv = common.command(a.prefix, [common.python(), os.path.abspath(__file__), "--serve", "--data-mib",
                                      str(a.data_mib), "--port-file", port_file])
     t_start = time.monotonic()
-    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              process_group=0)
+    server = common.start_server(argv)
     sampler = common.TreeSampler(server.pid)
     try:
-        while not os.path.exists(port_file):
-            if server.poll() is not None:
-                raise RuntimeError("the server exited with %d before serving: %s"
-                                   % (server.returncode, server.stderr.read().strip()[-300:]))
-            if time.monotonic() - t_start > a.timeout:
-                raise RuntimeError("the server did not start serving in %ds" % a.timeout)
-            time.sleep(0.05)
-        with open(port_file) as f:
-            port, built = f.read().split()
+        port, built = common.wait_published(server, port_file, t_start, a.timeout).split()
         rec["build_s"] = float(built)
         span = a.data_mib - a.request_mib
         ranges = [((r * 7919) % (span + 1), a.request_mib) for r in range(a.requests)]
@@ -112,7 +91,7 @@ def client(a, rec):
         t = time.monotonic()
         wrong = []
         with concurrent.futures.ThreadPoolExecutor(a.concurrency) as pool:
-            replies = pool.map(lambda r: (r, ask(int(port), *r)), ranges)
+            replies = pool.map(lambda r: (r, common.ask(int(port), *r)), ranges)
             for (first, count), got in replies:
                 if got != expected[first]:
                     wrong.append((first, got[:16]))
@@ -130,11 +109,7 @@ def client(a, rec):
         rec["wall_s"] = round(time.monotonic() - t_start, 1)
         sampler.stop()
         sampler.record(rec)
-        try:
-            os.remove(port_file)
-            os.rmdir(os.path.dirname(port_file))
-        except OSError:
-            pass
+        common.unpublish(port_file)
 
 
 def main():

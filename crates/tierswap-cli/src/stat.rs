@@ -376,18 +376,20 @@ fn tree_section(me: u32, ledger: &std::path::Path) -> String {
 
 /// The process's proportional set size (`Pss:` of /proc/PID/smaps_rollup).
 fn pss_bytes(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
-    let line = text.lines().find(|l| l.starts_with("Pss:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    smaps_rollup_bytes(pid, "Pss:")
 }
 
 /// The process's resident anonymous memory (`Anonymous:` of /proc/PID/smaps_rollup), which
 /// holds the pager's footprint (the program's present and staged pages, the pool, the
 /// metadata) and whatever the pager does not manage.
 fn anonymous_bytes(pid: u32) -> Option<u64> {
+    smaps_rollup_bytes(pid, "Anonymous:")
+}
+
+/// One line of /proc/PID/smaps_rollup (`key` with its colon), in bytes.
+fn smaps_rollup_bytes(pid: u32, key: &str) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
-    let line = text.lines().find(|l| l.starts_with("Anonymous:"))?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }

@@ -351,32 +351,17 @@ extern "C" fn init() {
     if cfg.fault_mode == tierswap::FaultMode::Signal {
         find_libc_text();
     }
-    let summary = format!(
-        "budget {} MiB, tiers {}{}{}, min size {} KiB{}",
-        cfg.budget_bytes >> 20,
-        if cfg.tiers.zero { "zero," } else { "" },
-        if cfg.tiers.pool { "pool" } else { "" },
-        if cfg.tiers.file { ",file" } else { "" },
-        MIN_SIZE.load(Ordering::Relaxed) >> 10,
-        std::env::var("TIERSWAP_SETTINGS")
-            .ok()
-            .filter(|v| !v.trim().is_empty())
-            .map_or(String::new(), |v| format!(", settings {v}"))
-    );
     // A process that started a pager, then exec'd this program, left a row its pager no
-    // longer backs. The tree's root starts its pager now; an exec'd program of the tree at
-    // its first need (see the crate comment).
-    if let Some(t) = cfg.tree.as_deref() {
-        tierswap::tree::forget_earlier_images(t);
-    }
-    let waits = cfg.tree.as_deref().is_some_and(|t| tierswap::tree::root(t) != Some(std::process::id()));
+    // longer backs (start_image frees it). The tree's root starts its pager now; an exec'd
+    // program of the tree at its first need (see the crate comment).
+    let waits = cfg.tree.as_deref().is_some_and(|t| tierswap::tree::start_image(t) != Some(std::process::id()));
     let _ = CONFIG.set(cfg.clone());
+    let summary = (!waits && settings.log).then(|| summary(&cfg));
     if !waits {
         if let Err(e) = start_pager(cfg) {
             return refuse(&e);
         }
     }
-    let log = settings.log;
     let _ = SETTINGS.set(settings);
     OWNER_PID.store(std::process::id() as usize, Ordering::Relaxed);
     // SAFETY: the handlers are plain extern "C" fns that only touch the shim's statics.
@@ -390,9 +375,25 @@ extern "C" fn init() {
         return;
     }
     STATE.store(STATE_READY, Ordering::Release);
-    if log {
+    if let Some(summary) = summary {
         eprintln!("tierswap: managing the memory of {} (pid {}): {summary}", program_name(), std::process::id());
     }
+}
+
+/// The settings --log names when a pager starts.
+fn summary(cfg: &PagerConfig) -> String {
+    format!(
+        "budget {} MiB, tiers {}{}{}, min size {} KiB{}",
+        cfg.budget_bytes >> 20,
+        if cfg.tiers.zero { "zero," } else { "" },
+        if cfg.tiers.pool { "pool" } else { "" },
+        if cfg.tiers.file { ",file" } else { "" },
+        MIN_SIZE.load(Ordering::Relaxed) >> 10,
+        std::env::var("TIERSWAP_SETTINGS")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .map_or(String::new(), |v| format!(", settings {v}"))
+    )
 }
 
 /// Not managing: one warning, then everything passes through.

@@ -31,7 +31,7 @@
 //!   boot), which tells a dead member from a new process that reuses its pid.
 //!   image: 8 of the random bytes the kernel gives each exec (AT_RANDOM): a process that
 //!   execs keeps its pid and start time, and its new image frees the rows of the old
-//!   ([`forget_earlier_images`]), whose pagers are gone.
+//!   ([`start_image`]), whose pagers are gone.
 //!   beat: CLOCK_MONOTONIC milliseconds of the member's last refresh; a member heard from
 //!   within [`FRESH`] is alive without a look at /proc.
 //! ```
@@ -87,6 +87,15 @@ struct Row {
     start: AtomicU64,
     image: AtomicU64,
     beat: AtomicU64,
+}
+
+impl Row {
+    /// Gives the row of member `pid` back (its footprint first, so a scan that still sees
+    /// the pid counts nothing for it); false when the row was not `pid`'s any more.
+    fn free(&self, pid: u32) -> bool {
+        self.footprint.store(0, Ordering::Relaxed);
+        self.pid.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+    }
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
@@ -213,8 +222,7 @@ impl Ledger {
             if (fresh && exists(pid)) || alive(pid, r.start.load(Ordering::Relaxed)) {
                 live += 1;
             } else {
-                r.footprint.store(0, Ordering::Relaxed);
-                let _ = r.pid.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
+                r.free(pid);
             }
         }
         live
@@ -243,19 +251,21 @@ fn image_token() -> u64 {
     }
 }
 
-/// Frees the rows this process's earlier program images left (a forked child that started
-/// a pager, then exec'd: its pager is gone, its row would count a footprint nobody holds
-/// until the process exits). The shim calls it at every start in a tree.
-pub fn forget_earlier_images(path: &Path) {
-    let Ok(l) = Ledger::map(path, None) else { return };
+/// A program image of the tree starts (the shim, at every exec): frees the rows this
+/// process's earlier images left (a forked child that started a pager, then exec'd: its
+/// pager is gone, its row would count a footprint nobody holds until the process exits),
+/// and returns the pid of the tree's root (the program `tierswap run` started), if `path`
+/// is a ledger.
+pub fn start_image(path: &Path) -> Option<u32> {
+    let l = Ledger::map(path, None).ok()?;
     let (pid, image) = (std::process::id(), image_token());
     for i in 0..l.used() {
         let r = l.row(i);
         if r.pid.load(Ordering::Acquire) == pid && r.image.load(Ordering::Relaxed) != image {
-            r.footprint.store(0, Ordering::Relaxed);
-            let _ = r.pid.compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
+            r.free(pid);
         }
     }
+    Some(l.header().root.load(Ordering::Relaxed))
 }
 
 /// Whether a process `pid` exists (a zombie does: only for a member heard from lately).
@@ -357,11 +367,6 @@ pub fn sweep(dir: &Path) -> usize {
         }
     }
     removed
-}
-
-/// The pid of the tree's root (the program `tierswap run` started), if `path` is a ledger.
-pub fn root(path: &Path) -> Option<u32> {
-    Ledger::map(path, None).ok().map(|l| l.header().root.load(Ordering::Relaxed))
 }
 
 /// The tree's budget and every member's line, for `tierswap stat`.
@@ -511,10 +516,7 @@ impl Member {
         if self.left.swap(true, Ordering::AcqRel) {
             return;
         }
-        let me = self.ledger.row(self.row);
-        me.footprint.store(0, Ordering::Relaxed);
-        if me.pid.compare_exchange(self.pid, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok() && self.ledger.reap() == 0
-        {
+        if self.ledger.row(self.row).free(self.pid) && self.ledger.reap() == 0 {
             let _ = std::fs::remove_file(&self.path);
         }
     }
@@ -651,7 +653,7 @@ mod tests {
         l.row(old).image.store(image_token() ^ 1, Ordering::Relaxed);
         l.row(old).pid.store(std::process::id(), Ordering::Release);
         assert_eq!(l.lines().len(), 2);
-        forget_earlier_images(&path);
+        assert_eq!(start_image(&path), Some(std::process::id()), "the ledger's creator is its root");
         assert_eq!(l.lines().len(), 1, "the earlier image's row is freed, ours stays");
         std::mem::forget(me);
         assert_eq!(l.reap(), 1);
