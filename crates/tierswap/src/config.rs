@@ -347,7 +347,7 @@ pub struct PagerConfig {
     /// Clean pages: a page swapped in from the pool keeps its slot while it stays
     /// unwritten, so evicting it again costs no compression.
     pub keep_clean: bool,
-    /// Encrypt and authenticate the file tier's records (ChaCha20-Poly1305, an ephemeral
+    /// Encrypt and authenticate the file tier's records (AES-256-GCM, an ephemeral
     /// per-pager key); `false` keeps only the crc32c checksum.
     pub encrypt: bool,
     /// Microseconds a fault thread keeps polling the userfaultfd after serving a fault

@@ -8,8 +8,8 @@
 //! the page cache outside the budget.
 //!
 //! Every record is sealed when its unit is written, one of two ways chosen at creation
-//! ([`crate::PagerConfig::encrypt`]): encrypted and authenticated with ChaCha20-Poly1305
-//! under a key that exists only in this process's memory (the default), or checksummed with
+//! ([`crate::PagerConfig::encrypt`]): encrypted and authenticated with AES-256-GCM under
+//! a key that exists only in this process's memory (the default), or checksummed with
 //! crc32c only. Both layouts are drawn above [`Sealer::seal_record`]. A record read back is
 //! returned only when it opens for the slot, length, file offset and unit write generation
 //! the caller expects: a flipped bit, a record moved to another offset or slot, or an older
@@ -26,17 +26,18 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use chacha20poly1305::aead::inout::InOutBuf;
-use chacha20poly1305::{AeadInOut, ChaCha20Poly1305, Key, KeyInit, Nonce, Tag};
+use aes_gcm::aead::inout::InOutBuf;
+use aes_gcm::aead::consts::U12;
+use aes_gcm::{AeadInOut, Aes256Gcm, Key, KeyInit, Nonce, Tag};
 use zeroize::Zeroize;
 
 use crate::page::{round_up, PAGE_SIZE};
 use crate::sys;
 
-/// Bytes of a record header (the crc32c header, or the Poly1305 tag).
+/// Bytes of a record header (the crc32c header, or the GCM tag).
 pub const RECORD_HEADER_BYTES: usize = 16;
 const MAGIC: u16 = 0x7453;
-/// Bytes of a Poly1305 tag.
+/// Bytes of a GCM tag.
 const TAG_BYTES: usize = 16;
 /// Bytes of the file key.
 const KEY_BYTES: usize = 32;
@@ -175,12 +176,12 @@ impl SealKey {
     }
 
     /// A cipher for one use; it copies the key to the stack and zeroes that copy on drop.
-    fn cipher(&self) -> ChaCha20Poly1305 {
+    fn cipher(&self) -> Aes256Gcm {
         // SAFETY: the first KEY_BYTES of our own page, alive as long as self; after
-        // `generate` nothing writes them until Drop. `Key` is `Array<u8, U32>`, a
+        // `generate` nothing writes them until Drop. `Key<Aes256Gcm>` is `Array<u8, U32>`, a
         // repr(transparent) newtype of `[u8; 32]` (align 1), so the page start is a valid one.
-        let key = unsafe { &*(self.addr as *const Key) };
-        ChaCha20Poly1305::new(key)
+        let key = unsafe { &*(self.addr as *const Key<Aes256Gcm>) };
+        Aes256Gcm::new(key)
     }
 }
 
@@ -219,7 +220,7 @@ impl RecordPlace {
     /// `| generation (u64 LE) | offset in unit (u32 LE) |`: unique per record under one
     /// key, because no two unit writes share a generation and no two records of one write
     /// share an offset.
-    fn nonce(&self) -> Nonce {
+    fn nonce(&self) -> Nonce<U12> {
         let mut n = [0u8; 12];
         n[..8].copy_from_slice(&self.generation.to_le_bytes());
         n[8..].copy_from_slice(&self.idx_in_unit.to_le_bytes());
@@ -241,7 +242,7 @@ impl RecordPlace {
 pub enum Sealer {
     /// crc32c over length, slot and payload: catches accidents, not an attacker.
     Crc32c,
-    /// ChaCha20-Poly1305 under the pager's ephemeral key.
+    /// AES-256-GCM under the pager's ephemeral key.
     Aead(SealKey),
 }
 
@@ -280,11 +281,11 @@ impl Sealer {
     ///  crc32c covers len, slot and payload; the record opens only when magic, len, slot
     ///  and crc all match what the swap entry expects.
     /// ```
-    /// ChaCha20-Poly1305 (the default):
+    /// AES-256-GCM (the default):
     /// ```text
     ///  0                                  16                      16 + len
     /// +-----------------------------------+-----------------------+---------+
-    /// |  Poly1305 tag (16 B)              |  ciphertext (len B)   | pad→16  |
+    /// |  GCM tag (16 B)                   |  ciphertext (len B)   | pad→16  |
     /// +-----------------------------------+-----------------------+---------+
     ///  nonce (never stored): | unit generation (u64 LE) | offset in unit (u32 LE) |
     ///  AAD   (never stored): | slot (u64) | len (u16) | file offset (u64) | generation (u64) |
@@ -1146,9 +1147,9 @@ pub struct RecordCost {
     pub crc_seal_us: f64,
     /// crc32c: check and copy out, per record.
     pub crc_open_us: f64,
-    /// ChaCha20-Poly1305: encrypt in place and tag, per record.
+    /// AES-256-GCM: encrypt in place and tag, per record.
     pub aead_seal_us: f64,
-    /// ChaCha20-Poly1305: check the tag and decrypt into the caller's buffer, per record.
+    /// AES-256-GCM: check the tag and decrypt into the caller's buffer, per record.
     pub aead_open_us: f64,
 }
 
@@ -1870,7 +1871,7 @@ mod tests {
         for len in [PAGE_SIZE, 2048, 1024] {
             let c = measure_record_cost(len, 200_000).unwrap();
             println!(
-                "{len:>5} B payload: crc32c seal {:.3} µs open {:.3} µs | chacha20-poly1305 seal {:.3} µs open {:.3} µs",
+                "{len:>5} B payload: crc32c seal {:.3} µs open {:.3} µs | aes-256-gcm seal {:.3} µs open {:.3} µs",
                 c.crc_seal_us, c.crc_open_us, c.aead_seal_us, c.aead_open_us
             );
         }

@@ -1,5 +1,5 @@
 //! The remote tier: pool objects written back to a Redis / Valkey cluster, still
-//! compressed, sealed exactly like the file tier's records (ChaCha20-Poly1305 under a key of
+//! compressed, sealed exactly like the file tier's records (AES-256-GCM under a key of
 //! this tier's own that never leaves the process), so the store never sees plaintext.
 //!
 //! Every write of a page gets a fresh version from a counter that never repeats under the
@@ -7,7 +7,7 @@
 //! the object and goes into the seal:
 //! ```text
 //!  key   : ts:{<pager id, 16 hex>.<version / 512, hex>}<version % 512, hex>
-//!  value : | Poly1305 tag (16 B) | ciphertext (len B) | pad→16 |
+//!  value : | GCM tag (16 B)      | ciphertext (len B) | pad→16 |
 //!  nonce : | version (u64 LE) | 0xFFFF_FFFF |      (never stored)
 //!  AAD   : | slot | len | u64::MAX | version |     (never stored; u64::MAX: "remote")
 //! ```
