@@ -16,11 +16,12 @@
 //!
 //! ```text
 //!  offset 0: header (64 bytes)
-//!   0        8          12         16           24          28           32
-//!  +--------+----------+----------+------------+-----------+------------+---...+
-//!  | MAGIC  | version  | rows (N) | budget (B) | root pid  | rows used  |unused |
-//!  +--------+----------+----------+------------+-----------+------------+---...+
+//!   0        8          12         16           24          28          32        36
+//!  +--------+----------+----------+------------+-----------+-----------+---------+--...+
+//!  | MAGIC  | version  | rows (N) | budget (B) | root pid  | rows used | warned  |unused|
+//!  +--------+----------+----------+------------+-----------+-----------+---------+--...+
 //!   rows used: one past the highest row ever claimed (scans stop there).
+//!   warned: 1 once a member has said the tree is over its budget (said once per tree).
 //!  offset 64 + 64 * i: row i (64 bytes, one cache line), i < N
 //!   0       4        8            16          24            32          40         48
 //!  +-------+--------+------------+-----------+-------------+-----------+----------+--...+
@@ -76,6 +77,7 @@ struct Header {
     budget: AtomicU64,
     root: AtomicU32,
     used: AtomicU32,
+    warned: AtomicU32,
 }
 
 #[repr(C)]
@@ -385,6 +387,8 @@ pub struct Member {
     cap: u64,
     /// The share in force, bytes (read by everything that reads the budget).
     target: AtomicU64,
+    /// The tree's summed footprint when the share was last computed, bytes.
+    total: AtomicU64,
     /// When the share was last computed and the dead last looked for (reclaim thread).
     last: Mutex<(Instant, Instant)>,
     /// The row was given back: nothing is published any more.
@@ -442,6 +446,7 @@ impl Member {
             pid,
             cap,
             target: AtomicU64::new(budget.min(cap)),
+            total: AtomicU64::new(0),
             last: Mutex::new((Instant::now() - REFRESH_EVERY, Instant::now())),
             left: AtomicBool::new(false),
         };
@@ -454,9 +459,20 @@ impl Member {
         self.target.load(Ordering::Relaxed)
     }
 
+    /// The tree's summed footprint when the share was last computed, bytes.
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
     /// The tree's budget, bytes.
     pub fn budget(&self) -> u64 {
         self.ledger.budget()
+    }
+
+    /// True for the first member of the tree to ask: whoever says the tree is over its
+    /// budget says it for all (each process's pager would otherwise say it once).
+    pub fn first_to_warn(&self) -> bool {
+        self.ledger.header().warned.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed).is_ok()
     }
 
     /// The ledger's path.
@@ -504,6 +520,7 @@ impl Member {
         let t = share(footprint, sum, members, self.ledger.budget(), self.cap);
         me.target.store(t, Ordering::Relaxed);
         self.target.store(t, Ordering::Relaxed);
+        self.total.store(sum, Ordering::Relaxed);
     }
 
     /// Gives the row back (at exit); the last member out removes the ledger.
@@ -602,6 +619,10 @@ mod tests {
         // 300 of 256: a is asked down to 200·256/300 plus the grace.
         assert_eq!(a.target(), 200 * M * 256 / 300 + 256 * M / 64);
         assert!(a.target() < 200 * M);
+        assert_eq!((a.total(), b.total()), (300 * M, 300 * M), "each saw the tree's sum at its last look");
+        // The tree is over: one member says so, for all.
+        assert!(b.first_to_warn());
+        assert!(!a.first_to_warn() && !b.first_to_warn());
         b.leave();
         assert!(path.exists(), "a member is left");
         a.recompute(200 * M);

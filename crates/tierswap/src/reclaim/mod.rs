@@ -261,24 +261,10 @@ impl Reclaim {
             // Under the low watermark is the goal; over the budget is what users must hear of.
             if !writeback_can && fp > self.s.budget() {
                 self.s.counters.over_budget_events.fetch_add(1, Ordering::Relaxed);
-                // Pages still shared with forked children cannot be moved out (UFFDIO_MOVE
-                // takes pages this process alone maps): in a tree that is the children's
-                // lot, not news, and the tree's other members make the room.
-                let shared_with_children = self.s.tree.is_some() && self.s.fork.children.live() > 0;
-                if !shared_with_children && !self.s.acct.warned_over_budget.swap(true, Ordering::Relaxed) {
-                    eprintln!(
-                        "tierswap: footprint {} MiB is over the budget of {} MiB and nothing more can be evicted{}; going over budget rather than losing data",
-                        fp >> 20,
-                        self.s.budget() >> 20,
-                        match (&self.s.tiers.file, &self.s.tiers.remote) {
-                            (None, None) => " (no file tier: add 'file' to the tiers)".to_string(),
-                            (None, Some(_)) => format!(
-                                " (the remote tier took no writes for {} s and there is no file tier to fall back on: add 'file' to the tiers)",
-                                crate::backend::remote::WRITE_GRACE.as_secs()
-                            ),
-                            _ => String::new(),
-                        }
-                    );
+                if let Some(line) = self.over_budget_warning(fp) {
+                    if !self.s.acct.warned_over_budget.swap(true, Ordering::Relaxed) {
+                        eprintln!("{line}");
+                    }
                 }
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -286,8 +272,54 @@ impl Reclaim {
         }
     }
 
+    /// What to tell the user when a footprint of `fp` bytes is over the budget and nothing
+    /// more can be evicted, or `None` when that is no news. In a tree, the budget that
+    /// matters is the tree's: one process over its share while the tree is within the
+    /// budget (a share of a small budget split many ways can be smaller than what a pager
+    /// cannot give back: its staged pages, its metadata) is how sharing works. So are pages
+    /// still shared with forked children, which cannot be moved out (UFFDIO_MOVE takes
+    /// pages this process alone maps): the tree's other members make the room.
+    fn over_budget_warning(&self, fp: u64) -> Option<String> {
+        let s = &self.s;
+        let why = match (&s.tiers.file, &s.tiers.remote) {
+            (None, None) => " (no file tier: add 'file' to the tiers)".to_string(),
+            (None, Some(_)) => format!(
+                " (the remote tier took no writes for {} s and there is no file tier to fall back on: add 'file' to the tiers)",
+                crate::backend::remote::WRITE_GRACE.as_secs()
+            ),
+            _ => String::new(),
+        };
+        let Some(t) = &s.tree else {
+            return Some(format!(
+                "tierswap: footprint {} is over the budget of {} and nothing more can be evicted{why}; going over budget rather than losing data",
+                size(fp),
+                size(s.budget())
+            ));
+        };
+        if s.fork.children.live() > 0 || t.total() <= t.budget() || !t.first_to_warn() {
+            return None;
+        }
+        Some(format!(
+            "tierswap: the process tree's footprint {} is over its budget of {}, and this process (pid {}, footprint {}, share {}) can evict nothing more{why}; going over budget rather than losing data",
+            size(t.total()),
+            size(t.budget()),
+            std::process::id(),
+            size(fp),
+            size(s.budget())
+        ))
+    }
+
     fn regions(&self) -> Vec<Arc<RegionInner>> {
         self.s.all_regions()
+    }
+}
+
+/// `bytes` for a message: MiB, or KiB under one MiB (a small tree's shares are).
+fn size(bytes: u64) -> String {
+    if bytes >= 1 << 20 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{} KiB", bytes >> 10)
     }
 }
 
