@@ -322,8 +322,10 @@ pub struct PagerConfig {
     /// request paid for them again.
     pub active_protect_pct: u32,
     /// The least the pool limit goes down to when it follows the workload
-    /// ([`PagerConfig::pool_adapts`]), percent of the budget; also the size against which a
-    /// refault is weighed as short (it would have stayed resident with the pool there).
+    /// ([`PagerConfig::pool_adapts`]), percent of the budget: where a crowded active list
+    /// (pages proved hot over [`PagerConfig::active_protect_pct`] of the present ones) may
+    /// take it. Short refaults alone take it down to half the budget, against which they
+    /// are weighed (`policy/pool_share.rs`).
     pub pool_floor_pct: u32,
     /// Under the locality policy, learn whether the program reads whole 64 KiB blocks when
     /// it faults on one out of order: if lone faults are mostly followed by a fault on the
