@@ -163,6 +163,9 @@ pub struct RunArgs {
     #[arg(long)]
     strict: bool,
     /// Write the pager's counters as JSON to this file when the program exits (%p: its pid).
+    /// Written from libc's exit: a program that ends with a raw exit_group (Go's runtime
+    /// does) or is killed by a signal writes nothing; `tierswap stat PID --format json` reads
+    /// the counters while it runs.
     #[arg(long)]
     stats_on_exit: Option<PathBuf>,
     /// One line on stderr when each pager starts and when its program exits.

@@ -94,9 +94,12 @@ fn a_pool_at_five_eighths_keeps_what_half_the_budget_spills() {
 
 #[test]
 fn a_hot_set_squeezed_by_the_pool_gets_the_room_back() {
+    // Short refaults alone (active protection off): they take the limit down to half and
+    // no further; a crowded active list may go below (policy/pool_share.rs's unit tests).
     let p = start(PagerConfig {
         compressor: Compressor::Lz4,
         pool_adapt: true,
+        active_protect_pct: 0,
         ..config(BUDGET, "zero,pool,file", FaultMode::Thread, 1)
     });
     let r = spilled_region(&p);
