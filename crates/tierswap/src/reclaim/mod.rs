@@ -261,8 +261,10 @@ impl Reclaim {
             // Under the low watermark is the goal; over the budget is what users must hear of.
             if !writeback_can && fp > self.s.budget() {
                 self.s.counters.over_budget_events.fetch_add(1, Ordering::Relaxed);
-                if let Some(line) = self.over_budget_warning(fp) {
-                    if !self.s.acct.warned_over_budget.swap(true, Ordering::Relaxed) {
+                // Said once: a pager stuck over budget passes here every millisecond.
+                if !self.s.acct.warned_over_budget.load(Ordering::Relaxed) {
+                    if let Some(line) = self.over_budget_warning(fp) {
+                        self.s.acct.warned_over_budget.store(true, Ordering::Relaxed);
                         eprintln!("{line}");
                     }
                 }
@@ -281,6 +283,11 @@ impl Reclaim {
     /// pages this process alone maps): the tree's other members make the room.
     fn over_budget_warning(&self, fp: u64) -> Option<String> {
         let s = &self.s;
+        if let Some(t) = &s.tree {
+            if s.fork.children.live() > 0 || t.total() <= t.budget() || !t.first_to_warn() {
+                return None;
+            }
+        }
         let why = match (&s.tiers.file, &s.tiers.remote) {
             (None, None) => " (no file tier: add 'file' to the tiers)".to_string(),
             (None, Some(_)) => format!(
@@ -296,9 +303,6 @@ impl Reclaim {
                 size(s.budget())
             ));
         };
-        if s.fork.children.live() > 0 || t.total() <= t.budget() || !t.first_to_warn() {
-            return None;
-        }
         Some(format!(
             "tierswap: the process tree's footprint {} is over its budget of {}, and this process (pid {}, footprint {}, share {}) can evict nothing more{why}; going over budget rather than losing data",
             size(t.total()),
