@@ -5,6 +5,7 @@ at the PSS peak, each process's RSS, PSS and its row of the tree's budget ledger
 one JSON line each driver prints. Python 3.11 standard library only.
 """
 
+import argparse
 import json
 import os
 import shlex
@@ -194,6 +195,23 @@ def fail(msg):
     print(f"accept-fork: {msg}", file=sys.stderr, flush=True)
 
 
+def run_part(part, label, body, detail_if_ok):
+    """Runs a part: `body(rec)` does its steps and appends to rec["problems"] what went
+    wrong; an exception is one more problem. Prints the part's line; returns the exit
+    status: 0 when all went right, 1 for problems, 2 when a step failed."""
+    rec = {"part": part, "label": label, "ok": False, "problems": []}
+    code = 0
+    try:
+        body(rec)
+    except Exception as e:  # a step that failed: report it in the line, exit 2
+        rec["problems"].append("%s: %s" % (type(e).__name__, e))
+        code = 2
+    rec["ok"] = not rec["problems"]
+    rec["detail"] = "; ".join(rec.pop("problems")) or detail_if_ok(rec)
+    emit(rec)
+    return 0 if rec["ok"] else (code or 1)
+
+
 # The forking servers' drivers (parts c and d): the server, started under the prefix,
 # publishes its port(s) and build time in a file once it serves; the client asks ranges of
 # its data and checks each reply.
@@ -230,6 +248,43 @@ def wait_published(server, path, t_start, timeout_s):
         time.sleep(0.05)
     with open(path) as f:
         return f.read()
+
+
+def server_args(p, requests, request_mib):
+    """The arguments every forking server's driver takes (its server's own included)."""
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--port-file", help=argparse.SUPPRESS)
+    p.add_argument("--prefix", default="", help="command prefix, e.g. 'tierswap run --budget 256M --'")
+    p.add_argument("--requests", type=int, default=requests)
+    p.add_argument("--request-mib", type=int, default=request_mib)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--timeout", type=int, default=3600)
+    p.add_argument("--label", default="native")
+
+
+def stop_server(server, rec, t_start, sampler, path, gentle):
+    """Ends `server`'s whole process group (with `gentle`, SIGTERM first and up to 30 s for
+    it to end its workers its own way), then records the wall time from `t_start`, what
+    `sampler` saw and, when something went wrong, the end of the server's stderr, and
+    removes what it published at `path`."""
+    if gentle and server.poll() is None:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(server.pid, 9)  # whatever is left of the tree
+    except ProcessLookupError:
+        pass
+    server.wait()
+    rec["wall_s"] = round(time.monotonic() - t_start, 1)
+    sampler.stop()
+    sampler.record(rec)
+    err = server.stderr.read().strip()
+    if err and rec["problems"]:
+        rec["server_stderr"] = err[-400:]
+    unpublish(path)
 
 
 def unpublish(path):

@@ -27,7 +27,6 @@ import random
 import select
 import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -179,38 +178,14 @@ def client(a, rec):
         if server.poll() is not None:
             rec["problems"].append("the server exited with %d while serving" % server.returncode)
     finally:
-        if server.poll() is None:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(server.pid, 9)  # whatever is left of the tree
-        except ProcessLookupError:
-            pass
-        server.wait()
-        rec["wall_s"] = round(time.monotonic() - t_start, 1)
-        sampler.stop()
-        sampler.record(rec)
-        err = server.stderr.read().strip()
-        if err and rec["problems"]:
-            rec["server_stderr"] = err[-400:]
-        common.unpublish(port_file)
+        common.stop_server(server, rec, t_start, sampler, port_file, gentle=True)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--port-file", help=argparse.SUPPRESS)
-    p.add_argument("--prefix", default="", help="command prefix, e.g. 'tierswap run --budget 256M --'")
+    common.server_args(p, requests=400, request_mib=20)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--worker-mib", type=int, default=100)
-    p.add_argument("--requests", type=int, default=400)
-    p.add_argument("--request-mib", type=int, default=20)
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--timeout", type=int, default=3600)
-    p.add_argument("--label", default="native")
     a = p.parse_args()
     if a.serve:
         serve(a)
@@ -219,18 +194,8 @@ def main():
         common.fail("give at least one worker, --request-mib from 1 to --worker-mib, and at least one "
                     "request and one connection")
         return 2
-    rec = {"part": "d", "label": a.label, "ok": False, "problems": []}
-    code = 0
-    try:
-        client(a, rec)
-    except Exception as e:  # a step that failed: report it in the line, exit 2
-        rec["problems"].append("%s: %s" % (type(e).__name__, e))
-        code = 2
-    rec["ok"] = not rec["problems"]
-    rec["detail"] = "; ".join(rec.pop("problems")) or "%d replies from %d workers, each the digest of %d MiB, all right" % (
-        a.requests, a.workers, a.request_mib)
-    common.emit(rec)
-    return 0 if rec["ok"] else (code or 1)
+    return common.run_part("d", a.label, lambda rec: client(a, rec), lambda rec: (
+        "%d replies from %d workers, each the digest of %d MiB, all right" % (a.requests, a.workers, a.request_mib)))
 
 
 if __name__ == "__main__":

@@ -101,28 +101,13 @@ def client(a, rec):
             rec["problems"].append("%d of %d replies wrong (first: chunks %d.., got %s)"
                                    % (len(wrong), a.requests, wrong[0][0], wrong[0][1]))
     finally:
-        try:
-            os.killpg(server.pid, 9)
-        except ProcessLookupError:
-            pass
-        server.wait()
-        rec["wall_s"] = round(time.monotonic() - t_start, 1)
-        sampler.stop()
-        sampler.record(rec)
-        common.unpublish(port_file)
+        common.stop_server(server, rec, t_start, sampler, port_file, gentle=False)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--port-file", help=argparse.SUPPRESS)
-    p.add_argument("--prefix", default="", help="command prefix, e.g. 'tierswap run --budget 256M --'")
+    common.server_args(p, requests=200, request_mib=50)
     p.add_argument("--data-mib", type=int, default=1024)
-    p.add_argument("--requests", type=int, default=200)
-    p.add_argument("--request-mib", type=int, default=50)
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--timeout", type=int, default=3600)
-    p.add_argument("--label", default="native")
     a = p.parse_args()
     if a.serve:
         serve(a)
@@ -130,18 +115,8 @@ def main():
     if not 1 <= a.request_mib <= a.data_mib or a.requests < 1 or a.concurrency < 1:
         common.fail("give --request-mib from 1 to --data-mib, and at least one request and one connection")
         return 2
-    rec = {"part": "c", "label": a.label, "ok": False, "problems": []}
-    code = 0
-    try:
-        client(a, rec)
-    except Exception as e:  # a step that failed: report it in the line, exit 2
-        rec["problems"].append("%s: %s" % (type(e).__name__, e))
-        code = 2
-    rec["ok"] = not rec["problems"]
-    rec["detail"] = "; ".join(rec.pop("problems")) or "%d replies, each the digest of %d MiB, all right" % (
-        a.requests, a.request_mib)
-    common.emit(rec)
-    return 0 if rec["ok"] else (code or 1)
+    return common.run_part("c", a.label, lambda rec: client(a, rec), lambda rec: (
+        "%d replies, each the digest of %d MiB, all right" % (a.requests, a.request_mib)))
 
 
 if __name__ == "__main__":

@@ -242,22 +242,16 @@ def main():
     if a.value_bytes < 64 or not 0 < a.overwrite_pct <= 100 or a.keys < 1:
         common.fail("give --value-bytes of at least 64, --overwrite-pct in (0, 100] and at least one key")
         return 2
-    rec = {"part": "b", "label": a.label, "ok": False, "problems": []}
-    work = tempfile.mkdtemp(prefix="tierswap-accept-fork-redis.")
-    code = 0
-    try:
-        run(a, rec, work)
-    except Exception as e:  # a step that failed: report it in the line, exit 2
-        rec["problems"].append("%s: %s" % (type(e).__name__, e))
-        code = 2
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    rec["ok"] = not rec["problems"]
-    rec["detail"] = "; ".join(rec.pop("problems")) or (
+    def body(rec):
+        work = tempfile.mkdtemp(prefix="tierswap-accept-fork-redis.")
+        try:
+            run(a, rec, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    return common.run_part("b", a.label, body, lambda rec: (
         "RDB = the %d keys as of the fork; live = the final writes (%d overwrites during the save)"
-        % (a.keys, rec.get("overwrites_during_save", 0)))
-    common.emit(rec)
-    return 0 if rec["ok"] else (code or 1)
+        % (a.keys, rec.get("overwrites_during_save", 0))))
 
 
 if __name__ == "__main__":
