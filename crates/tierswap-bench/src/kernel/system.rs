@@ -424,6 +424,33 @@ pub fn memcg_oom_kills(cg: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// The kernel's swap-in counters for the program in memcg `cg`, named as tierswap's own so
+/// the programs lab sets them side by side: `faults`, the memcg's major faults (`pgmajfault`
+/// of its memory.stat: a fault that read a page back from swap, zswap or zram); `pswpin`
+/// and `zswpin`, pages read in from the swap device and from zswap, from /proc/vmstat
+/// (machine-wide: the lab runs one program at a time). A counter that cannot be read is
+/// left out.
+pub fn kernel_swapin_counters(cg: &Path) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let field = |text: &str, name: &str| {
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == name).then(|| v.trim().parse::<u64>().ok()).flatten()
+        })
+    };
+    let stat = read(cg.join("memory.stat")).unwrap_or_default();
+    if let Some(v) = field(&stat, "pgmajfault") {
+        out.insert("faults".to_string(), v);
+    }
+    let vmstat = read("/proc/vmstat").unwrap_or_default();
+    for name in ["pswpin", "zswpin"] {
+        if let Some(v) = field(&vmstat, name) {
+            out.insert(name.to_string(), v);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,5 +460,19 @@ mod tests {
         assert_eq!(selected("[lzo-rle] lzo lz4"), "lzo-rle");
         assert_eq!(selected("lzo [lz4] zstd"), "lz4");
         assert_eq!(selected("lzo"), "lzo");
+    }
+
+    #[test]
+    fn kernel_counters_read_a_memcg_and_vmstat() {
+        let dir = std::env::temp_dir().join(format!("tierswap-kcounters-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("memory.stat"), "cache 0\npgmajfault 1234\ntotal_pgmajfault 99999\n").unwrap();
+        let c = kernel_swapin_counters(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(c.get("faults"), Some(&1234), "the memcg's own line, not the hierarchy's total");
+        let vmstat = std::fs::read_to_string("/proc/vmstat").unwrap();
+        let has = |n: &str| vmstat.lines().any(|l| l.split(' ').next() == Some(n));
+        assert_eq!(c.contains_key("pswpin"), has("pswpin"));
+        assert_eq!(c.contains_key("zswpin"), has("zswpin"));
     }
 }

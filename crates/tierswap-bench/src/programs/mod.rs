@@ -169,8 +169,9 @@ pub struct PhaseRecord {
     pub warmup_mismatches: u64,
     /// Values the warm-up read and compared.
     pub warmup_values_verified: u64,
-    /// tierswap: its counters' increase over the timed requests (faults, swpin_large,
-    /// pswpin…), from the pager's control socket.
+    /// The counters' increase over the timed requests: tierswap's (faults, swpin_large,
+    /// pswpin…) from the pager's control socket; a kernel engine's major faults of its
+    /// memcg and pages swapped in (`system::kernel_swapin_counters`).
     pub counters: BTreeMap<String, u64>,
 }
 
@@ -293,6 +294,16 @@ struct Lab<'a> {
     sys: Option<System>,
     bar: indicatif::ProgressBar,
     seq: usize,
+}
+
+/// The counters a timed phase is read by, now: tierswap's from its control socket, a kernel
+/// engine's swap-ins from its memcg and /proc/vmstat (`kernel_swapin_counters`); None for
+/// an engine with no memcg or a pager that cannot be reached.
+fn phase_counters(running: &Running, is_tierswap: bool) -> Option<BTreeMap<String, u64>> {
+    if is_tierswap {
+        return tierswap_counters(running.pid()).map(|c| c.0);
+    }
+    running.cgroup.as_deref().map(system::kernel_swapin_counters)
 }
 
 /// The pager's counters now, by name, from its control socket (None when it cannot be reached).
@@ -574,12 +585,12 @@ impl Lab<'_> {
             self.bar.set_message(format!("{label}: {} warm-up", dist.name()));
             let warm = client::run_phase(&mut conns, &versions, &chooser, &base, &crate::lab::interrupted)
                 .map_err(|e| fail(&running, &format!("{} warm-up", dist.name()), e))?;
-            let before = if is_tierswap { tierswap_counters(running.pid()).map(|c| c.0) } else { None };
+            let before = phase_counters(&running, is_tierswap);
             self.bar.set_message(format!("{label}: {} {} requests", dist.name(), spec.requests));
             let timed = PhaseSpec { requests: spec.requests, seed, ..base };
             let out = client::run_phase(&mut conns, &versions, &chooser, &timed, &crate::lab::interrupted)
                 .map_err(|e| fail(&running, &format!("{} requests", dist.name()), e))?;
-            let after = if is_tierswap { tierswap_counters(running.pid()).map(|c| c.0) } else { None };
+            let after = phase_counters(&running, is_tierswap);
             let counters = match (before, after) {
                 (Some(b), Some(a)) => delta(&b, &a),
                 _ => BTreeMap::new(),

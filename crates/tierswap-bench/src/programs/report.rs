@@ -31,6 +31,10 @@ pub const PER_REQUEST_COUNTERS: [(&str, &str); 6] = [
     ("zswpin", "pool pages in"),
 ];
 
+/// The per-request counters a kernel engine has (`system::kernel_swapin_counters`); its
+/// rows show the others as not counted.
+pub const KERNEL_COUNTERS: [&str; 3] = ["faults", "pswpin", "zswpin"];
+
 /// One program × distribution × engine over its runs.
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {
@@ -98,7 +102,8 @@ pub fn summarize(runs: &[ProgramRun]) -> Vec<Summary> {
             let f =
                 |g: &dyn Fn(&(&ProgramRun, &super::PhaseRecord)) -> f64| -> Vec<f64> { rows.iter().map(g).collect() };
             let mut per_request = BTreeMap::new();
-            for (name, _) in PER_REQUEST_COUNTERS {
+            let counted = |name: &str| engine.starts_with("tierswap") || KERNEL_COUNTERS.contains(&name);
+            for (name, _) in PER_REQUEST_COUNTERS.into_iter().filter(|(name, _)| counted(name)) {
                 let xs: Vec<f64> = rows
                     .iter()
                     .filter(|(_, p)| !p.counters.is_empty())
@@ -298,7 +303,8 @@ pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &
     // tierswap's counters per request.
     let ts: Vec<&Summary> = summaries.iter().filter(|r| !r.per_request.is_empty()).collect();
     if !ts.is_empty() {
-        s += "\ntierswap's counters per timed request (medians of the runs; from the pager's control socket):\n";
+        s += "\ncounters per timed request (medians of the runs; tierswap: from the pager's control socket; kernel: faults are\n\
+              the memcg's major faults, file pages in /proc/vmstat's pswpin, pool pages in its zswpin; - not counted):\n";
         s += &format!("{:<12} {:<8} {:<ew$}", "program", "dist", "engine");
         for (_, head) in PER_REQUEST_COUNTERS {
             s += &format!(" {head:>19}");
@@ -307,7 +313,10 @@ pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &
         for r in ts {
             s += &format!("{:<12} {:<8} {:<ew$}", r.program, r.distribution, r.engine);
             for (name, _) in PER_REQUEST_COUNTERS {
-                s += &format!(" {:>19.3}", r.per_request.get(name).copied().unwrap_or(0.0));
+                match r.per_request.get(name) {
+                    Some(v) => s += &format!(" {v:>19.3}"),
+                    None => s += &format!(" {:>19}", "-"),
+                }
             }
             s += "\n";
         }
@@ -393,7 +402,11 @@ mod tests {
             outcome: PhaseOutcome { requests: 100, throughput_rps: rps, p99_us: 10.0, ..Default::default() },
             warmup_mismatches: 0,
             warmup_values_verified: 0,
-            counters: if engine == "tierswap" { [("faults".to_string(), 250)].into() } else { BTreeMap::new() },
+            counters: match engine {
+                "tierswap" => [("faults".to_string(), 250), ("swpin_large".to_string(), 10)].into(),
+                "kernel-disk" => [("faults".to_string(), 120), ("pswpin".to_string(), 130)].into(),
+                _ => BTreeMap::new(),
+            },
         };
         ProgramRun {
             program: "redis".into(),
@@ -421,7 +434,13 @@ mod tests {
         assert_eq!(s[0].vs_kernel_disk, Some(0.5));
         assert_eq!(s[0].vs_kernel_zswap, Some(1.0));
         assert_eq!(s[0].per_request.get("faults"), Some(&2.5));
-        assert!(s[1].per_request.is_empty(), "kernel rows have no tierswap counters");
+        assert_eq!(s[0].per_request.get("zswpin"), Some(&0.0), "tierswap counts every column");
+        assert_eq!(s[1].engine, "kernel-disk");
+        assert_eq!(s[1].per_request.get("faults"), Some(&1.2), "the memcg's major faults");
+        assert_eq!(s[1].per_request.get("pswpin"), Some(&1.3));
+        assert_eq!(s[1].per_request.get("zswpin"), Some(&0.0), "a kernel counter that did not move");
+        assert_eq!(s[1].per_request.get("swpin_large"), None, "the kernel has no large swap-in counter");
+        assert!(s[2].per_request.is_empty(), "a kernel run with no counters read shows none");
         assert_eq!(s[3].distribution, "zipfian");
     }
 }

@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use aes_gcm::aead::inout::InOutBuf;
 use aes_gcm::aead::consts::U12;
+use aes_gcm::aead::inout::InOutBuf;
 use aes_gcm::{AeadInOut, Aes256Gcm, Key, KeyInit, Nonce, Tag};
 use zeroize::Zeroize;
 
