@@ -66,6 +66,9 @@ counters! {
     /// Cold pool objects the recompression codec did not shrink by a quarter (written back
     /// as they were).
     pool_recompress_rejected,
+    /// Pool objects compaction moved out of spans at most half in use into fuller ones of
+    /// their class (the emptied spans go back to the kernel).
+    pool_compact_moved,
     /// Zero pages swapped in (no storage read).
     swpin_zero,
     /// Zero pages swapped out (no storage used).

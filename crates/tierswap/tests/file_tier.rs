@@ -752,3 +752,60 @@ fn recompressed_objects_read_back_from_the_pool_and_from_the_file() {
     let c = p.stats().counters;
     assert_eq!(c.zswpin - before.zswpin + (c.pswpin - before.pswpin), n as u64, "{c:?}");
 }
+
+#[test]
+fn compaction_gives_sparse_spans_back_and_every_page_reads_back() {
+    let p = start(PagerConfig {
+        pool_max_bytes: Some(16 << 20),
+        pool_compact: true,
+        ..config(48 << 20, "zero,pool,file", FaultMode::Thread, 0)
+    });
+    // 4,096 half-noise pages in the pool (~2 KiB objects, 8 MiB), then two in three read
+    // back at random and written (a clean page would keep its object): their objects are
+    // freed and the spans they shared are left partly empty.
+    let n = 4096;
+    // Random: each fault brings its own page alone.
+    let mut r = p.region(n * PAGE, Hint::Random).unwrap();
+    let mem = r.as_mut_slice();
+    for pg in 0..n {
+        fill_half_noise(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg);
+    }
+    p.evict_all();
+    let mut want = vec![0u8; PAGE];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut read = vec![false; n];
+    for pg in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if !x.is_multiple_of(3) {
+            fill_half_noise(&mut want, pg);
+            assert!(mem[pg * PAGE..(pg + 1) * PAGE] == want[..], "page {pg} read back");
+            let b = &mut mem[pg * PAGE];
+            // SAFETY: a byte of the region, written with its own value.
+            unsafe { std::ptr::write_volatile(b, *b) };
+            read[pg] = true;
+        }
+    }
+    let st = common::stats_when(&p, 20, |st| {
+        st.counters.pool_compact_moved > 0 && (st.pool_total_size as f64) < st.pool_stored_bytes as f64 * 1.4
+    });
+    let c = &st.counters;
+    assert!(c.pool_compact_moved > 0, "nothing moved: {st:?}");
+    assert!(
+        (st.pool_total_size as f64) < st.pool_stored_bytes as f64 * 1.4,
+        "spans {} for {} stored: {st:?}",
+        st.pool_total_size,
+        st.pool_stored_bytes
+    );
+    let never_read = read.iter().filter(|r| !**r).count() as u64;
+    assert_eq!(c.zswpin + c.pswpin, n as u64 - never_read, "only the pages read came back: {st:?}");
+    assert_eq!(st.pool_stored_pages + st.file_pages, never_read, "the others are still stored: {st:?}");
+    // Every page again, the moved objects among them.
+    for pg in 0..n {
+        fill_half_noise(&mut want, pg);
+        assert!(mem[pg * PAGE..(pg + 1) * PAGE] == want[..], "page {pg} after compaction");
+    }
+    let c = p.stats().counters;
+    assert!(c.zswpin + c.pswpin >= n as u64, "every page came back from a tier: {c:?}");
+}

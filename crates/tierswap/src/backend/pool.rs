@@ -29,6 +29,8 @@ const SPAN_BITS: u32 = POOL_HANDLE_BITS - OBJ_BITS;
 /// Size class granularity.
 const CLASS_STEP: usize = 16;
 const N_CLASSES: usize = PAGE_SIZE / CLASS_STEP;
+/// Partial spans of a class `Pool::relocate` looks at for one fuller than the source.
+const RELOCATE_LOOK: usize = 16;
 /// Longest span, in pages.
 const MAX_SPAN_PAGES: usize = 8;
 const SPAN_STRIDE: usize = MAX_SPAN_PAGES * PAGE_SIZE;
@@ -256,7 +258,20 @@ impl Pool {
             self.total_bytes.fetch_add((shape.span_pages * PAGE_SIZE) as u64, Ordering::Relaxed);
         }
         let id = class.partial;
-        // SAFETY: span `id` is on this class's partial list and we hold the class lock.
+        let h = self.take_object(&mut class, id, shape);
+        drop(class);
+        // SAFETY: the object is ours alone (just allocated), `len` ≤ its class size, inside
+        // the reserved arena.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.obj_addr(h, shape.size) as *mut u8, len) };
+        self.stored_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        self.stored_objects.fetch_add(1, Ordering::Relaxed);
+        Ok(h)
+    }
+
+    /// Takes a free object of span `id`, on the partial list of `class` (whose lock the
+    /// caller holds); a span it fills leaves the list.
+    fn take_object(&self, class: &mut Class, id: u32, shape: ClassShape) -> PoolHandle {
+        // SAFETY: span `id` is on this class's partial list and the caller holds the lock.
         let hd = unsafe { self.header(id) };
         let obj = if hd.free_head != NO_OBJ {
             let o = hd.free_head;
@@ -271,24 +286,77 @@ impl Pool {
         };
         hd.inuse += 1;
         if hd.inuse as usize == shape.per_span {
-            // Full: off the partial list (it is the head).
-            class.partial = hd.next;
-            if hd.next != NONE {
-                // SAFETY: the next span is on this class's list; we hold the lock.
-                unsafe { self.header(hd.next) }.prev = NONE;
-            }
+            self.unlink(class, id);
+            // SAFETY: as above; off every list now.
+            let hd = unsafe { self.header(id) };
             hd.next = NONE;
             hd.prev = NONE;
         }
         class.objects += 1;
+        PoolHandle::new(id, obj)
+    }
+
+    /// Whether the span holding live object `h` of `len` bytes is at most half in use:
+    /// compaction moves its objects out ([`Pool::relocate`]).
+    pub fn in_sparse_span(&self, h: PoolHandle, len: usize) -> bool {
+        if len == 0 || len > PAGE_SIZE {
+            return false;
+        }
+        let c = Self::class_of(len);
+        let _class = self.classes[c].lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: `h` is a live object of class `c` (the caller holds its entry), so its span
+        // belongs to this class, whose lock we hold.
+        let inuse = unsafe { self.header(h.span()) }.inuse as usize;
+        inuse * 2 <= self.shapes[c].per_span
+    }
+
+    /// Compaction: copies object `h` of `len` bytes into a span of its class that holds
+    /// more objects than its own (among the first [`RELOCATE_LOOK`] of the class's partial
+    /// spans), so that sparse spans empty and go back to the kernel. Returns the new
+    /// handle, or None when `h`'s span is no longer at most half in use or no fuller span
+    /// has room. The caller holds what keeps `h` alive (its swap entry's lock), points the
+    /// entry at the new handle, then frees `h`.
+    pub fn relocate(&self, h: PoolHandle, len: usize) -> Option<PoolHandle> {
+        if len == 0 || len > PAGE_SIZE {
+            return None;
+        }
+        let c = Self::class_of(len);
+        let shape = self.shapes[c];
+        let mut class = self.classes[c].lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: `h` is a live object of class `c` (the caller holds its entry), so its span
+        // belongs to this class, whose lock we hold.
+        let src = unsafe { self.header(h.span()) }.inuse;
+        if (src as usize) * 2 > shape.per_span {
+            return None;
+        }
+        let mut id = class.partial;
+        let mut target = None;
+        for _ in 0..RELOCATE_LOOK {
+            if id == NONE {
+                break;
+            }
+            // SAFETY: on this class's list; lock held.
+            let hd = unsafe { self.header(id) };
+            if id != h.span() && hd.inuse > src {
+                target = Some(id);
+                break;
+            }
+            id = hd.next;
+        }
+        let new = self.take_object(&mut class, target?, shape);
         drop(class);
-        let h = PoolHandle::new(id, obj);
-        // SAFETY: the object is ours alone (just allocated), `len` ≤ its class size, inside
-        // the reserved arena.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.obj_addr(h, shape.size) as *mut u8, len) };
+        // SAFETY: `new` is ours alone (just taken); `h` stays allocated while the caller
+        // holds its entry; both are `len` ≤ the class size, inside the arena, and distinct.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.obj_addr(h, shape.size) as *const u8,
+                self.obj_addr(new, shape.size) as *mut u8,
+                len,
+            )
+        };
         self.stored_bytes.fetch_add(len as u64, Ordering::Relaxed);
         self.stored_objects.fetch_add(1, Ordering::Relaxed);
-        Ok(h)
+        Some(new)
     }
 
     fn new_span(&self) -> Result<u32, PoolError> {
@@ -554,5 +622,63 @@ mod tests {
         }
         assert!(n >= 1);
         assert!(matches!(pool.store(&[]), Err(PoolError::BadLength(0))));
+    }
+
+    #[test]
+    fn relocation_empties_sparse_spans_and_keeps_every_byte() {
+        let pool = Pool::new(512 << 20).unwrap();
+        let mut x = 11u64;
+        let mut next = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x >> 33
+        };
+        // 20,000 objects of several classes, each with bytes of its own; then two in three
+        // freed at random, which leaves most spans partly empty.
+        let mut live: Vec<(PoolHandle, Vec<u8>)> = (0..20_000)
+            .map(|i| {
+                let len = 700 + (next() as usize % 1400);
+                let data: Vec<u8> = (0..len).map(|k| (i * 31 + k * 7) as u8).collect();
+                (pool.store(&data).unwrap(), data)
+            })
+            .collect();
+        live.retain(|(h, d)| {
+            let keep = next() % 3 == 0;
+            if !keep {
+                pool.free(*h, d.len());
+            }
+            keep
+        });
+        let (total_before, stored) = (pool.total_bytes(), pool.stored_bytes());
+        assert!(total_before as f64 > stored as f64 * 1.5, "fragmented: {total_before} for {stored}");
+        let mut moved = 0;
+        for _ in 0..4 {
+            for (h, d) in live.iter_mut() {
+                if !pool.in_sparse_span(*h, d.len()) {
+                    continue;
+                }
+                if let Some(new) = pool.relocate(*h, d.len()) {
+                    assert_ne!(new.span(), h.span());
+                    pool.free(*h, d.len());
+                    *h = new;
+                    moved += 1;
+                }
+            }
+        }
+        assert!(moved > 0);
+        assert_eq!(pool.stored_bytes(), stored, "a move stores as much as it frees");
+        assert_eq!(pool.stored_objects(), live.len() as u64);
+        for (h, d) in &live {
+            // SAFETY: a live object of this length.
+            assert_eq!(unsafe { pool.object(*h, d.len()) }, &d[..], "bytes kept through moves");
+        }
+        let total_after = pool.total_bytes();
+        assert!(
+            (total_after as f64) < stored as f64 * 1.4 && total_after < total_before / 2,
+            "spans {total_before} -> {total_after} for {stored} stored"
+        );
+        for (h, d) in live.drain(..) {
+            pool.free(h, d.len());
+        }
+        assert_eq!(pool.total_bytes(), 0, "every span went back");
     }
 }
