@@ -357,6 +357,13 @@ pub struct PagerConfig {
     /// (zsmalloc's compaction): the emptied spans go back, and the room to the program's
     /// pages. Lab variant `[no-]compact`.
     pub pool_compact: bool,
+    /// Workingset detection measures a refault's distance from the page's own eviction,
+    /// stamped in its swapped pte, instead of from its cluster's stamp (the cluster's first
+    /// fill, restamped by every clean page evicted again onto a kept slot in it). With
+    /// cluster stamps, clean re-evictions scattered over every cluster made every refault
+    /// look recent: memcached's random gets activated 100 % of their refaults. Lab variant
+    /// `[no-]page-stamp`.
+    pub workingset_page_stamp: bool,
     /// Clean pages: a page swapped in from the pool keeps its slot while it stays
     /// unwritten, so evicting it again costs no compression.
     pub keep_clean: bool,
@@ -548,6 +555,7 @@ impl Default for PagerConfig {
             throttle_headroom: true,
             pool_adapt: true,
             pool_compact: false,
+            workingset_page_stamp: false,
             remote: None,
             fault_mode: FaultMode::default(),
             tree: None,
@@ -742,7 +750,7 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
 /// The engine settings a lab variant (`tierswap bench --engine tierswap:SETTING…`) or
 /// `tierswap run --set` may change, as they are spelled (for help and error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), pool-floor=PCT (the least the pool limit that follows the workload goes down to, percent of the budget), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// The largest stride prefetch window a setting may ask for, in pages.
 const MAX_SETTING_PREFETCH_PAGES: u32 = 1024;
@@ -799,6 +807,8 @@ pub enum Setting {
     PoolAdapt(bool),
     /// `compact` / `no-compact`: pool compaction.
     PoolCompact(bool),
+    /// `page-stamp` / `no-page-stamp`: refault distances from the page's own eviction.
+    PageStamp(bool),
     /// `learn-blocks` / `no-learn-blocks`: a lone fault brings its block in whole once
     /// blocks are seen read whole.
     LearnBlocks(bool),
@@ -860,6 +870,7 @@ impl Setting {
             Setting::RereadToPool(on) => config.reread_to_pool = on,
             Setting::PoolAdapt(on) => config.pool_adapt = on,
             Setting::PoolCompact(on) => config.pool_compact = on,
+            Setting::PageStamp(on) => config.workingset_page_stamp = on,
             Setting::LearnBlocks(on) => config.swapin_learn_blocks = on,
             Setting::DirectReclaim(on) => config.direct_reclaim = on,
             Setting::StageAhead(on) => config.stage_ahead = on,
@@ -961,6 +972,8 @@ impl Setting {
             "no-pool-adapt" => switch(Setting::PoolAdapt, false),
             "compact" => switch(Setting::PoolCompact, true),
             "no-compact" => switch(Setting::PoolCompact, false),
+            "page-stamp" => switch(Setting::PageStamp, true),
+            "no-page-stamp" => switch(Setting::PageStamp, false),
             "read-next-unit" => switch(Setting::ReadNextUnit, true),
             "no-read-next-unit" => switch(Setting::ReadNextUnit, false),
             "learn-blocks" => switch(Setting::LearnBlocks, true),
@@ -1093,6 +1106,7 @@ mod setting_tests {
         ("reread-to-pool", "reread_to_pool"),
         ("pool-adapt", "pool_adapt"),
         ("compact", "pool_compact"),
+        ("page-stamp", "workingset_page_stamp"),
         ("learn-blocks", "swapin_learn_blocks"),
         ("direct-reclaim", "direct_reclaim"),
         ("stage-ahead", "stage_ahead"),

@@ -512,7 +512,7 @@ impl Region {
         if pte.state() != PteState::Swapped {
             return None;
         }
-        let slot = pte.payload();
+        let slot = pte.slot();
         let e = self.shared.tiers.swap.load(slot);
         if e.tag() != Tag::File {
             return None;

@@ -70,6 +70,9 @@ impl Pte {
     const PAYLOAD_MASK: u64 = (1 << Self::PAYLOAD_BITS) - 1;
     const MARK_MASK: u64 = 0b11;
     const KEPT_SHIFT: u32 = 2;
+    /// Bits of a swapped pte's slot id; the eviction stamp takes the other 30.
+    pub const SLOT_BITS: u32 = 30;
+    const SLOT_MASK: u64 = (1 << Self::SLOT_BITS) - 1;
     /// Largest slot id a present or staged pte can keep.
     pub const MAX_KEPT_SLOT: u64 = (1 << (Self::PAYLOAD_BITS - Self::KEPT_SHIFT)) - 2;
     const MARK_READAHEAD: u64 = 1;
@@ -167,9 +170,31 @@ impl Pte {
         Pte::new(self.state(), self.payload() & Self::MARK_MASK).with_active(self.active())
     }
 
-    /// A swapped pte pointing at `slot`.
+    /// A swapped pte pointing at `slot`, with no eviction stamp.
     pub const fn swapped(slot: u64) -> Pte {
-        Pte::new(PteState::Swapped, slot)
+        Pte::swapped_at(slot, 0)
+    }
+
+    /// A swapped pte pointing at `slot` (below 2^30), its page evicted at eviction clock
+    /// `stamp` (30 bits kept; 0: unknown). The stamp is the page's own, as the kernel's
+    /// shadow entry is: its refault distance is measured from it.
+    pub const fn swapped_at(slot: u64, stamp: u32) -> Pte {
+        let stamp = (stamp as u64) & Self::SLOT_MASK;
+        Pte::new(PteState::Swapped, (stamp << Self::SLOT_BITS) | (slot & Self::SLOT_MASK))
+    }
+
+    /// The slot of a swapped pte.
+    pub const fn slot(self) -> u64 {
+        self.payload() & Self::SLOT_MASK
+    }
+
+    /// The eviction stamp of a swapped pte (0: none).
+    pub const fn evict_stamp(self) -> u32 {
+        if matches!(self.state(), PteState::Swapped) {
+            (self.payload() >> Self::SLOT_BITS) as u32
+        } else {
+            0
+        }
     }
 
     /// The state.
@@ -229,7 +254,7 @@ impl std::fmt::Debug for Pte {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Pte({:?}", self.state())?;
         if self.state() == PteState::Swapped {
-            write!(f, " slot {}", self.payload())?;
+            write!(f, " slot {} stamp {}", self.slot(), self.evict_stamp())?;
         }
         if self.active() {
             write!(f, " A")?;
@@ -471,6 +496,7 @@ mod tests {
             assert!(!p.is_poisoned(), "{p:?}");
         }
         assert_eq!(Pte::present_clean(Pte::MAX_KEPT_SLOT).kept_slot(), Some(Pte::MAX_KEPT_SLOT));
+        assert_eq!(Pte::present_clean(9).evict_stamp(), 0, "only a swapped pte has a stamp");
     }
 
     use super::*;
@@ -487,6 +513,16 @@ mod tests {
             prop_assert!(!p.locked());
             prop_assert_eq!(Pte::from_raw(p.raw()), p);
             prop_assert_eq!(p.with_lock().without_lock(), p);
+        }
+
+        #[test]
+        fn swapped_pte_round_trip(slot in 0u64..(1 << 30), stamp in 0u32..(1 << 30), active: bool) {
+            let p = Pte::swapped_at(slot, stamp).with_active(active);
+            prop_assert_eq!(p.state(), PteState::Swapped);
+            prop_assert_eq!((p.slot(), p.evict_stamp(), p.active()), (slot, stamp, active));
+            prop_assert!(p.kept_slot().is_none() && !p.was_active() && !p.is_poisoned());
+            prop_assert_eq!(Pte::from_raw(p.with_lock().raw()).without_lock(), p);
+            prop_assert_eq!(Pte::swapped(slot).evict_stamp(), 0);
         }
 
         #[test]
@@ -549,12 +585,12 @@ mod tests {
                 std::thread::spawn(move || {
                     for _ in 0..2000 {
                         let old = t.lock(3);
-                        t.unlock(3, old, Pte::swapped(old.payload() + 1));
+                        t.unlock(3, old, Pte::swapped(old.slot() + 1));
                     }
                 })
             })
             .collect();
         threads.into_iter().for_each(|h| h.join().unwrap());
-        assert_eq!(t.load(3).payload(), 8000);
+        assert_eq!(t.load(3).slot(), 8000);
     }
 }

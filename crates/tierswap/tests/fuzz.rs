@@ -690,8 +690,10 @@ mod words {
         prop_assert_eq!(Pte::from_raw(q.raw()), q);
         let q = q.with_active(active);
         prop_assert_eq!((q.state(), q.payload(), q.active()), (s, payload & PAYLOAD_MASK, active));
-        let slot = payload & PAYLOAD_MASK;
-        prop_assert_eq!((Pte::swapped(slot).state(), Pte::swapped(slot).payload()), (PteState::Swapped, slot));
+        let slot = payload & ((1 << Pte::SLOT_BITS) - 1);
+        let stamp = ((payload & PAYLOAD_MASK) >> Pte::SLOT_BITS) as u32;
+        let sw = Pte::swapped_at(slot, stamp);
+        prop_assert_eq!((sw.state(), sw.slot(), sw.evict_stamp()), (PteState::Swapped, slot, stamp));
         prop_assert_eq!(Pte::NONE.raw(), 0);
         prop_assert_eq!(Pte::from_raw(0).state(), PteState::None);
         prop_assert!(Pte::staged_readahead().is_readahead() && !Pte::staged().is_readahead());

@@ -296,20 +296,6 @@ impl Pool {
         PoolHandle::new(id, obj)
     }
 
-    /// Whether the span holding live object `h` of `len` bytes is at most half in use:
-    /// compaction moves its objects out ([`Pool::relocate`]).
-    pub fn in_sparse_span(&self, h: PoolHandle, len: usize) -> bool {
-        if len == 0 || len > PAGE_SIZE {
-            return false;
-        }
-        let c = Self::class_of(len);
-        let _class = self.classes[c].lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: `h` is a live object of class `c` (the caller holds its entry), so its span
-        // belongs to this class, whose lock we hold.
-        let inuse = unsafe { self.header(h.span()) }.inuse as usize;
-        inuse * 2 <= self.shapes[c].per_span
-    }
-
     /// Compaction: copies object `h` of `len` bytes into a span of its class that holds
     /// more objects than its own (among the first [`RELOCATE_LOOK`] of the class's partial
     /// spans), so that sparse spans empty and go back to the kernel. Returns the new
@@ -653,9 +639,6 @@ mod tests {
         let mut moved = 0;
         for _ in 0..4 {
             for (h, d) in live.iter_mut() {
-                if !pool.in_sparse_span(*h, d.len()) {
-                    continue;
-                }
                 if let Some(new) = pool.relocate(*h, d.len()) {
                     assert_ne!(new.span(), h.span());
                     pool.free(*h, d.len());

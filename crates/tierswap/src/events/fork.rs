@@ -152,7 +152,7 @@ pub(crate) fn fork(s: &Arc<Shared>, child_uffd: Uffd) {
             for i in c * PTES_PER_CHUNK..((c + 1) * PTES_PER_CHUNK).min(r.n_pages) {
                 let old = r.ptes.lock(i);
                 let src = match old.state() {
-                    PteState::Swapped => child.share_slot(s, old.payload(), &mut scratch),
+                    PteState::Swapped => child.share_slot(s, old.slot(), &mut scratch),
                     PteState::Staged => {
                         // SAFETY: the staged page's bytes in the mirror, under its pte lock.
                         let page = unsafe { std::slice::from_raw_parts(r.mirror_addr(i) as *const u8, PAGE_SIZE) };

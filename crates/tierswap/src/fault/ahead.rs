@@ -59,7 +59,7 @@ fn prefetch_page(s: &Shared, r: &RegionInner, j: usize, unit: &mut UnitCache, pa
     let Some(pte) = r.ptes.try_lock_in(j, PteState::Swapped) else {
         return;
     };
-    let slot = pte.payload();
+    let slot = pte.slot();
     let e = match s.tiers.swap.try_lock(slot) {
         Some(e) if e.count() == 1 && e.tag() != Tag::Remote => e,
         other => {
@@ -134,7 +134,7 @@ pub(super) fn read_ahead(s: &Shared, r: &RegionInner, from: usize, to: usize, sc
         let Some(old) = r.ptes.try_lock_in(j, PteState::Swapped) else {
             continue;
         };
-        let slot = old.payload();
+        let slot = old.slot();
         let Some(e) = s.tiers.swap.try_lock(slot) else {
             r.ptes.unlock(j, old, old);
             continue;

@@ -142,7 +142,7 @@ impl SwapIn<'_> {
             for j in first..end {
                 let p = r.ptes.load(j);
                 if j != idx && p.state() == PteState::Swapped && !p.locked() {
-                    snapshot[j - first] = s.tiers.swap.load(p.payload()).tag();
+                    snapshot[j - first] = s.tiers.swap.load(p.slot()).tag();
                 }
             }
         }
@@ -152,7 +152,7 @@ impl SwapIn<'_> {
         for j in first..end {
             let k = j - first;
             let (pte, e) = if j == idx {
-                (self.old, s.tiers.swap.lock(self.old.payload()))
+                (self.old, s.tiers.swap.lock(self.old.slot()))
             } else {
                 if !snapshot[k].in_memory() && snapshot[k] != Tag::File && snapshot[k] != Tag::Remote {
                     continue;
@@ -160,7 +160,7 @@ impl SwapIn<'_> {
                 let Some(p) = r.ptes.try_lock_in(j, PteState::Swapped) else {
                     continue;
                 };
-                let slot = p.payload();
+                let slot = p.slot();
                 let e = match s.tiers.swap.try_lock(slot) {
                     // A remote neighbour comes only from the range's prefetch: it never waits
                     // for a round trip (or retries) of its own.
@@ -200,7 +200,7 @@ impl SwapIn<'_> {
         let mut wants = [(0u64, 0usize); crate::config::MAX_SWAPIN_PAGES as usize];
         let mut w = 0;
         for j in first..self.end {
-            let slot = if j == idx { self.old.payload() } else { r.ptes.load(j).payload() };
+            let slot = if j == idx { self.old.slot() } else { r.ptes.load(j).slot() };
             if j != idx && snapshot[j - first] != Tag::Remote {
                 continue;
             }
@@ -250,7 +250,7 @@ impl SwapIn<'_> {
         for (k, planned) in plan.iter_mut().enumerate() {
             let Planned { pte: Some(pte), entry: e, .. } = *planned else { continue };
             let j = first + k;
-            let slot = pte.payload();
+            let slot = pte.slot();
             let buf = &mut range.as_mut_slice()[k * PAGE_SIZE..(k + 1) * PAGE_SIZE];
             let kind = match read_entry(s, slot, e, buf, unit, io) {
                 Ok(true) => Kind::Data,
@@ -344,7 +344,7 @@ impl SwapIn<'_> {
         for (k, &p) in plan.iter().enumerate().take(end - first) {
             let Some(pte) = p.pte else { continue };
             let j = first + k;
-            let slot = pte.payload();
+            let slot = pte.slot();
             match p.kind {
                 Kind::Data | Kind::Zero => {
                     tags |= 1 << p.entry.tag().index();
@@ -353,7 +353,7 @@ impl SwapIn<'_> {
                     }
                     let new = if p.keep { Pte::present_clean(slot) } else { Pte::present() };
                     // Judged while the slot still carries its eviction time.
-                    let new = if j == idx { workingset_refault(s, slot, new) } else { new };
+                    let new = if j == idx { workingset_refault(s, pte, new) } else { new };
                     if p.keep {
                         s.tiers.swap.unlock(slot, p.entry, kept_entry(s, p.entry));
                     } else {
@@ -461,7 +461,7 @@ fn block_records(
         if j == idx || p.state() != PteState::Swapped || p.locked() {
             continue;
         }
-        let e = s.tiers.swap.load(p.payload());
+        let e = s.tiers.swap.load(p.slot());
         if e.tag() != Tag::File {
             continue;
         }
@@ -472,7 +472,7 @@ fn block_records(
             own = (own.0.min(span.0), own.1.max(span.1));
         } else if u + 1 == unit || u == unit + 1 {
             let side = &mut sides[(u > unit) as usize];
-            *side = (side.0.min(span.0), side.1.max(span.1), side.2 + 1, p.payload());
+            *side = (side.0.min(span.0), side.1.max(span.1), side.2 + 1, p.slot());
         }
     }
     let side = if sides[1].2 >= sides[0].2 { sides[1] } else { sides[0] };
@@ -507,21 +507,26 @@ fn mostly_swapped(s: &Shared, r: &RegionInner, (first, end): (usize, usize)) -> 
         .map(|k| first + k * n / SAMPLES)
         .filter(|&j| {
             let p = r.ptes.load(j);
-            p.state() == PteState::Swapped && !p.locked() && s.tiers.swap.load(p.payload()).count() == 1
+            p.state() == PteState::Swapped && !p.locked() && s.tiers.swap.load(p.slot()).count() == 1
         })
         .count();
     swapped * 2 >= SAMPLES
 }
 
-/// Workingset detection on the refault of `slot`: if the page was evicted so recently that
-/// a little more memory would have kept it (its refault distance, in evictions since, is
-/// within the budget), it is working set: count it and activate it at once, so the next
-/// aging round passes it over. `new` is the pte the page gets otherwise.
-fn workingset_refault(s: &Shared, slot: u64, new: Pte) -> Pte {
+/// Workingset detection on the refault of the page of swapped pte `old`: if it was evicted
+/// so recently that a little more memory would have kept it (its refault distance, in
+/// evictions since, is within the budget), it is working set: count it and activate it at
+/// once, so the next aging round passes it over. `new` is the pte the page gets otherwise.
+fn workingset_refault(s: &Shared, old: Pte, new: Pte) -> Pte {
     if !s.config.workingset {
         return new;
     }
-    let Some(distance) = s.tiers.swap.refault_distance(slot) else {
+    let distance = if s.config.workingset_page_stamp {
+        s.tiers.swap.distance_since(old.evict_stamp())
+    } else {
+        s.tiers.swap.refault_distance(old.slot())
+    };
+    let Some(distance) = distance else {
         return new;
     };
     s.counters.workingset_refault.fetch_add(1, Ordering::Relaxed);

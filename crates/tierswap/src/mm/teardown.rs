@@ -55,7 +55,7 @@ pub(crate) fn discard(s: &Shared, r: &RegionInner, lo: usize, hi: usize) {
                     staged += 1;
                     any_staged = true;
                 }
-                PteState::Swapped => put_slot(s, old.payload()),
+                PteState::Swapped => put_slot(s, old.slot()),
             }
             if let Some(kept) = old.kept_slot() {
                 put_slot(s, kept);

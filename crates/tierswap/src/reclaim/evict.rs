@@ -224,9 +224,11 @@ impl Reclaim {
         while done < self.pending.ranges.len() {
             done += self.drop_ranges(done);
         }
+        // Each page's own eviction time goes into its pte (workingset detection).
+        let stamp = self.s.tiers.swap.evict_stamp_now();
         for &(i, slot) in &self.pending.pages {
             let old = r.ptes.load(i);
-            r.ptes.unlock(i, old, Pte::swapped(slot));
+            r.ptes.unlock(i, old, Pte::swapped_at(slot, stamp));
         }
         let evicted = self.pending.pages.len();
         self.s.acct.staged_pages.fetch_sub(evicted as i64, Ordering::Relaxed);
@@ -291,7 +293,9 @@ impl Reclaim {
                     // Dropped from the mirror with the block's other pages in [`Reclaim::release`].
                     self.pending.push_range(r.mirror_addr(i), PAGE_SIZE);
                     self.pending.pages.push((i, slot));
-                    self.s.tiers.swap.restamp(slot);
+                    if !self.s.config.workingset_page_stamp {
+                        self.s.tiers.swap.restamp(slot);
+                    }
                     evicted += 1;
                 }
                 None => r.ptes.unlock(i, old, old),

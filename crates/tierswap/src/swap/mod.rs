@@ -74,6 +74,8 @@ pub struct SwapSpace {
 /// The eviction clock ticks once per this many evictions in cluster stamps (32 bits then
 /// last 2^36 evictions, 256 TiB of swap-out, before they wrap).
 const EVICT_CLOCK_SHIFT: u32 = 4;
+/// The bits of the eviction clock a swapped pte keeps.
+const PAGE_STAMP_MASK: u32 = (1 << 30) - 1;
 
 // SAFETY: the table and headers are arrays of atomics this struct owns; all access is atomic
 // or under `alloc`.
@@ -271,6 +273,21 @@ impl SwapSpace {
     pub fn restamp(&self, slot: u64) {
         let (cid, _) = split(slot);
         self.header(cid).evict_stamp.store(self.evict_clock(), Ordering::Relaxed);
+    }
+
+    /// The eviction clock as a swapped pte keeps it (`Pte::swapped_at`): 30 bits, never 0.
+    /// It wraps after 2^34 evictions (64 TiB evicted).
+    pub fn evict_stamp_now(&self) -> u32 {
+        ((self.evictions.load(Ordering::Relaxed) >> EVICT_CLOCK_SHIFT) as u32 & PAGE_STAMP_MASK).max(1)
+    }
+
+    /// Pages evicted since eviction stamp `stamp` ([`SwapSpace::evict_stamp_now`]); `None`
+    /// for 0 (no stamp).
+    pub fn distance_since(&self, stamp: u32) -> Option<u64> {
+        if stamp == 0 {
+            return None;
+        }
+        Some(((self.evict_stamp_now().wrapping_sub(stamp) & PAGE_STAMP_MASK) as u64) << EVICT_CLOCK_SHIFT)
     }
 
     fn evict_clock(&self) -> u32 {
@@ -536,6 +553,28 @@ mod tests {
         let d = s.refault_distance(out[0]).unwrap();
         assert!((496..=528).contains(&d), "distance {d}");
         free(&s, out[0]);
+    }
+
+    #[test]
+    fn a_page_stamp_measures_evictions_since_and_wraps_with_the_clock() {
+        let s = SwapSpace::new(SLOTS_PER_CLUSTER as u64, 1).unwrap();
+        assert_eq!(s.distance_since(0), None, "no stamp");
+        assert!(s.evict_stamp_now() != 0, "a stamp is never 0");
+        // The clock counts 16 evictions a tick.
+        s.note_evictions(160);
+        let t = s.evict_stamp_now();
+        assert_eq!(s.distance_since(t), Some(0));
+        s.note_evictions(4096);
+        assert_eq!(s.distance_since(t), Some(4096));
+        let t2 = s.evict_stamp_now();
+        s.note_evictions(64);
+        assert_eq!((s.distance_since(t), s.distance_since(t2)), (Some(4160), Some(64)));
+        // Across the 30-bit wrap the distance stays right.
+        s.note_evictions(((PAGE_STAMP_MASK as u64) << EVICT_CLOCK_SHIFT) - 4096 - 64 - 160 - 160);
+        let late = s.evict_stamp_now();
+        s.note_evictions(320);
+        assert!(s.evict_stamp_now() < late, "the clock wrapped");
+        assert_eq!(s.distance_since(late), Some(320));
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub use drain::DrainReport;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::backend::compress::{compress_uncounted, decompress, COMPRESS_BUF_BYTES};
 use crate::backend::file::UnitWriter;
@@ -68,8 +68,8 @@ pub(crate) struct Writeback {
     /// Recompression buffers: the decompressed page and the new object.
     page: Vec<u8>,
     recompressed: Vec<u8>,
-    /// The slot compaction's next step starts at.
-    compact_cursor: u64,
+    /// Compaction's pass over the swap table.
+    compaction: Compaction,
 }
 
 /// Steps in a row that write nothing, without an error, before writeback counts as failing
@@ -100,8 +100,8 @@ pub(crate) fn writeback_thread(s: Arc<Shared>) {
                 Change::Kept => 0,
             };
         }
-        if w.s.config.pool_compact && compaction_due(&w.s.tiers.pool) {
-            let moved = w.compact(COMPACT_SLOTS);
+        if w.s.config.pool_compact {
+            let moved = w.compact_step();
             w.s.counters.pool_compact_moved.fetch_add(moved, Ordering::Relaxed);
         }
         if let Some(r) = &w.s.tiers.remote {
@@ -138,18 +138,28 @@ pub(crate) fn writeback_thread(s: Arc<Shared>) {
     }
 }
 
-/// Slots one compaction step walks (64 clusters); a pass over 330,000 slots (a 1 GiB
-/// program under 256 MiB) takes 11 steps.
+/// Slots one compaction step walks (64 clusters, one step a 10 ms tick); a pass over
+/// 330,000 slots (a 1 GiB program under 256 MiB) takes 11 steps.
 const COMPACT_SLOTS: u64 = 64 * SLOTS_PER_CLUSTER as u64;
+/// Rest between compaction passes. Without it, passes back to back (a third of a second of
+/// the writeback thread's CPU each second, class locks taken on every pool object) cost
+/// sqlite's lookups 11–23 % and tripled their p99.
+const COMPACT_REST: Duration = Duration::from_secs(1);
 
-/// Whether the pool's spans hold enough free room for compaction: an eighth of them and
-/// at least 1 MiB. Objects freed at random (swap-ins, writeback) leave spans partly empty:
-/// redis under random GETs at 256 MiB held 66 MiB of objects in 100 MiB of spans, room
-/// the program's pages are short of.
-fn compaction_due(pool: &Pool) -> bool {
-    let (total, stored) = (pool.total_bytes(), pool.stored_bytes());
-    let free = total.saturating_sub(stored);
-    free * 8 > total && free >= 1 << 20
+/// Compaction's state: a pass walks the whole swap table once, a step a tick.
+struct Compaction {
+    /// The slot the next step starts at.
+    cursor: u64,
+    /// Slots left in the pass under way; 0 between passes.
+    left: u64,
+    /// No pass starts before this.
+    rest_until: Instant,
+}
+
+/// The pool's spans' free room (free slots and tails): `(free, total)` bytes.
+fn pool_free_room(pool: &Pool) -> (u64, u64) {
+    let total = pool.total_bytes();
+    (total.saturating_sub(pool.stored_bytes()), total)
 }
 
 /// What [`claim_pool_slot`] found.
@@ -201,7 +211,7 @@ impl Writeback {
             no_defer: false,
             page: vec![0; PAGE_SIZE],
             recompressed: vec![0; COMPRESS_BUF_BYTES],
-            compact_cursor: 0,
+            compaction: Compaction { cursor: 0, left: 0, rest_until: Instant::now() },
         })
     }
 
@@ -243,33 +253,52 @@ impl Writeback {
         true
     }
 
+    /// One tick of compaction. A pass starts when a quarter or more of the pool's spans
+    /// (and 1 MiB) is free room, at most once a [`COMPACT_REST`]: objects freed at random
+    /// (swap-ins, writeback) leave spans partly empty, and redis under random GETs at
+    /// 256 MiB held 66 MiB of objects in 100 MiB of spans, room the program's pages are
+    /// short of. The pass walks [`COMPACT_SLOTS`] a tick until it has seen every slot or
+    /// the free room is down to an eighth. Returns objects moved.
+    fn compact_step(&mut self) -> u64 {
+        let (free, total) = pool_free_room(&self.s.tiers.pool);
+        if self.compaction.left == 0 {
+            if free * 4 < total || free < 1 << 20 || Instant::now() < self.compaction.rest_until {
+                return 0;
+            }
+            self.compaction.left = self.s.tiers.swap.clusters_ever_used() as u64 * SLOTS_PER_CLUSTER as u64;
+        } else if free * 8 <= total {
+            self.compaction.left = 0;
+        }
+        let walk = self.compaction.left.min(COMPACT_SLOTS);
+        let moved = self.compact(walk);
+        self.compaction.left -= walk;
+        if self.compaction.left == 0 {
+            self.compaction.rest_until = Instant::now() + COMPACT_REST;
+        }
+        moved
+    }
+
     /// Compaction: walks up to `max_slots` slots on from where the last step stopped and
     /// moves each pool object that sits in a span at most half in use into a fuller span of
-    /// its class (`Pool::relocate`), under its entry's lock, as recompression does; a
-    /// busy entry is passed over. Returns objects moved.
+    /// its class (`Pool::relocate`), under its entry's lock, as recompression does; a busy
+    /// entry is passed over. Returns objects moved.
     fn compact(&mut self, max_slots: u64) -> u64 {
         let s = &*self.s;
         let end = s.tiers.swap.clusters_ever_used() as u64 * SLOTS_PER_CLUSTER as u64;
         let mut moved = 0;
         for _ in 0..max_slots.min(end) {
-            let slot = self.compact_cursor % end;
-            self.compact_cursor = (slot + 1) % end;
+            let slot = self.compaction.cursor % end;
+            self.compaction.cursor = (slot + 1) % end;
             let e = s.tiers.swap.load(slot);
             if e.tag() != Tag::Pool || e.locked() {
                 continue;
             }
-            let (h, len) = e.addr_len();
-            let Some(handle) = PoolHandle::from_raw(h) else { continue };
-            if !s.tiers.pool.in_sparse_span(handle, len) {
-                continue;
-            }
             let Some(e) = s.tiers.swap.try_lock(slot) else { continue };
-            if e.tag() != Tag::Pool || e.addr_len() != (h, len) {
-                s.tiers.swap.unlock(slot, e, e);
-                continue;
-            }
-            match s.tiers.pool.relocate(handle, len) {
-                Some(new_handle) => {
+            let (h, len) = e.addr_len();
+            let handle = PoolHandle::from_raw(h).filter(|_| e.tag() == Tag::Pool);
+            // Locked, the object stays where it is while relocate looks at its span.
+            match handle.and_then(|handle| Some((handle, s.tiers.pool.relocate(handle, len)?))) {
+                Some((handle, new_handle)) => {
                     let place = SwapEntry::pool(new_handle.raw(), len).with_recompressed(e.recompressed());
                     s.tiers.swap.unlock(slot, e, e.with_place(Tag::Pool, place.location()));
                     s.tiers.pool.free(handle, len);
