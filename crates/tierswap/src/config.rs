@@ -364,6 +364,12 @@ pub struct PagerConfig {
     /// look recent: memcached's random gets activated 100 % of their refaults. Lab variant
     /// `[no-]page-stamp`.
     pub workingset_page_stamp: bool,
+    /// With `pool_adapt`: the pool limit moves by what the pool's refaults say it is worth
+    /// (`policy/pool_share.rs`, `tick_weighed`): the working set's refaults from the pool
+    /// (pages its room would have kept resident) against its other refaults (file faults it
+    /// saved, ~3 pool faults each), down to `pool_floor_pct`; instead of short refaults and
+    /// reclaim's crowded looks. Lab variant `[no-]pool-weigh`.
+    pub pool_weigh: bool,
     /// Clean pages: a page swapped in from the pool keeps its slot while it stays
     /// unwritten, so evicting it again costs no compression.
     pub keep_clean: bool,
@@ -556,6 +562,7 @@ impl Default for PagerConfig {
             pool_adapt: true,
             pool_compact: false,
             workingset_page_stamp: false,
+            pool_weigh: false,
             remote: None,
             fault_mode: FaultMode::default(),
             tree: None,
@@ -750,7 +757,7 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
 /// The engine settings a lab variant (`tierswap bench --engine tierswap:SETTING…`) or
 /// `tierswap run --set` may change, as they are spelled (for help and error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), pool-floor=PCT (the least the pool limit that follows the workload goes down to, percent of the budget), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// The largest stride prefetch window a setting may ask for, in pages.
 const MAX_SETTING_PREFETCH_PAGES: u32 = 1024;
@@ -809,6 +816,8 @@ pub enum Setting {
     PoolCompact(bool),
     /// `page-stamp` / `no-page-stamp`: refault distances from the page's own eviction.
     PageStamp(bool),
+    /// `pool-weigh` / `no-pool-weigh`: the pool limit follows what its refaults say it is worth.
+    PoolWeigh(bool),
     /// `learn-blocks` / `no-learn-blocks`: a lone fault brings its block in whole once
     /// blocks are seen read whole.
     LearnBlocks(bool),
@@ -871,6 +880,7 @@ impl Setting {
             Setting::PoolAdapt(on) => config.pool_adapt = on,
             Setting::PoolCompact(on) => config.pool_compact = on,
             Setting::PageStamp(on) => config.workingset_page_stamp = on,
+            Setting::PoolWeigh(on) => config.pool_weigh = on,
             Setting::LearnBlocks(on) => config.swapin_learn_blocks = on,
             Setting::DirectReclaim(on) => config.direct_reclaim = on,
             Setting::StageAhead(on) => config.stage_ahead = on,
@@ -974,6 +984,8 @@ impl Setting {
             "no-compact" => switch(Setting::PoolCompact, false),
             "page-stamp" => switch(Setting::PageStamp, true),
             "no-page-stamp" => switch(Setting::PageStamp, false),
+            "pool-weigh" => switch(Setting::PoolWeigh, true),
+            "no-pool-weigh" => switch(Setting::PoolWeigh, false),
             "read-next-unit" => switch(Setting::ReadNextUnit, true),
             "no-read-next-unit" => switch(Setting::ReadNextUnit, false),
             "learn-blocks" => switch(Setting::LearnBlocks, true),
@@ -1107,6 +1119,7 @@ mod setting_tests {
         ("pool-adapt", "pool_adapt"),
         ("compact", "pool_compact"),
         ("page-stamp", "workingset_page_stamp"),
+        ("pool-weigh", "pool_weigh"),
         ("learn-blocks", "swapin_learn_blocks"),
         ("direct-reclaim", "direct_reclaim"),
         ("stage-ahead", "stage_ahead"),

@@ -353,7 +353,8 @@ impl SwapIn<'_> {
                     }
                     let new = if p.keep { Pte::present_clean(slot) } else { Pte::present() };
                     // Judged while the slot still carries its eviction time.
-                    let new = if j == idx { workingset_refault(s, pte, new) } else { new };
+                    let from_pool = p.entry.tag() == Tag::Pool;
+                    let new = if j == idx { workingset_refault(s, pte, new, from_pool) } else { new };
                     if p.keep {
                         s.tiers.swap.unlock(slot, p.entry, kept_entry(s, p.entry));
                     } else {
@@ -516,8 +517,9 @@ fn mostly_swapped(s: &Shared, r: &RegionInner, (first, end): (usize, usize)) -> 
 /// Workingset detection on the refault of the page of swapped pte `old`: if it was evicted
 /// so recently that a little more memory would have kept it (its refault distance, in
 /// evictions since, is within the budget), it is working set: count it and activate it at
-/// once, so the next aging round passes it over. `new` is the pte the page gets otherwise.
-fn workingset_refault(s: &Shared, old: Pte, new: Pte) -> Pte {
+/// once, so the next aging round passes it over. `new` is the pte the page gets otherwise;
+/// `from_pool`: it was read from the pool (the pool's share weighs those).
+fn workingset_refault(s: &Shared, old: Pte, new: Pte, from_pool: bool) -> Pte {
     if !s.config.workingset {
         return new;
     }
@@ -526,6 +528,10 @@ fn workingset_refault(s: &Shared, old: Pte, new: Pte) -> Pte {
     } else {
         s.tiers.swap.refault_distance(old.slot())
     };
+    let hot = distance.is_some_and(|d| d <= s.workingset_pages());
+    if from_pool {
+        s.tiers.pool_share.note_pool_refault(hot);
+    }
     let Some(distance) = distance else {
         return new;
     };

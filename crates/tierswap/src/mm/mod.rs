@@ -216,6 +216,7 @@ impl Tiers {
                 config.pool_limit_floor(),
                 config.pool_limit_top(),
                 config.budget_bytes,
+                config.pool_weigh,
             ),
             pool_recompressible: AtomicU64::new(0),
             file_off: AtomicBool::new(false),

@@ -44,6 +44,9 @@ const MIN_REFAULTS: u64 = 16;
 const HOLD_TICKS: u32 = 100;
 /// Looks of reclaim's hand at the active share weighed at once (4,096 pages each).
 const MIN_WINDOWS: u64 = 4;
+/// What a file fault costs in pool faults, less the pool fault itself: ~100 µs against
+/// ~25 µs as a program sees them (docs/design.md, "Real programs").
+const FILE_OVER_POOL: u64 = 3;
 
 /// What one [`PoolShare::tick`] did to the limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,13 +85,20 @@ pub struct PoolShare {
     /// Whether the looks weighed last found the active list over its share (tick only):
     /// growth waits until a weighing finds none.
     crowded: AtomicBool,
+    /// The pool weighed by its refaults instead (`PagerConfig::pool_weigh`).
+    weigh: bool,
+    /// Refaults served from the pool since they were last weighed: of the working set
+    /// (within the budget's worth of evictions) and the others.
+    hot_pool: AtomicU64,
+    cold_pool: AtomicU64,
 }
 
 impl PoolShare {
     /// A share of `budget` that starts at `max` bytes and moves between that and `floor`
     /// (`PagerConfig::pool_limit_top`, `PagerConfig::pool_limit_floor`), short refaults
     /// bringing it down to `base` at most; fixed at `base` when `max` is no more.
-    pub fn new(base: u64, floor: u64, max: u64, budget: u64) -> PoolShare {
+    /// `weigh`: the pool's refaults move it instead ([`PoolShare::tick`]).
+    pub fn new(base: u64, floor: u64, max: u64, budget: u64, weigh: bool) -> PoolShare {
         let max = max.max(base);
         PoolShare {
             adaptive: max > base,
@@ -104,6 +114,9 @@ impl PoolShare {
             active_looks: AtomicU64::new(0),
             crowded_looks: AtomicU64::new(0),
             crowded: AtomicBool::new(false),
+            weigh,
+            hot_pool: AtomicU64::new(0),
+            cold_pool: AtomicU64::new(0),
         }
     }
 
@@ -141,6 +154,14 @@ impl PoolShare {
         }
     }
 
+    /// A refault served from the pool, of the working set (`hot`) or not.
+    pub fn note_pool_refault(&self, hot: bool) {
+        if self.adaptive && self.weigh {
+            let c = if hot { &self.hot_pool } else { &self.cold_pool };
+            c.fetch_add(1, Relaxed);
+        }
+    }
+
     /// Reclaim's hand looked at the active share of the present pages: over the share
     /// (`crowded`) or within it.
     pub fn note_active_look(&self, crowded: bool) {
@@ -160,6 +181,9 @@ impl PoolShare {
         self.hold.store(hold, Relaxed);
         let near = self.near_misses.swap(0, Relaxed);
         let limit = self.limit();
+        if self.weigh {
+            return self.tick_weighed(near, limit, hold);
+        }
         let looks = self.active_looks.load(Relaxed);
         if looks >= MIN_WINDOWS {
             let crowded = self.crowded_looks.swap(0, Relaxed);
@@ -191,6 +215,35 @@ impl PoolShare {
         }
         Change::Kept
     }
+
+    /// The weighed share: the pool is worth its room while the file faults it saves outweigh
+    /// the pool faults it causes. Each refault of the working set served from the pool is
+    /// a page the pool's room would have kept resident: one pool fault the pool costs. Each
+    /// other refault it serves is a file fault it saved: [`FILE_OVER_POOL`] pool faults'
+    /// worth. Once [`MIN_REFAULTS`] pool refaults are in, costs above what it saves take a
+    /// step down toward the floor (two when twice above) and hold growth; near misses, file
+    /// reads a bigger pool would have saved, take a step up while they are worth more than
+    /// the hot refaults.
+    fn tick_weighed(&self, near: u64, limit: u64, hold: u32) -> Change {
+        let (hot, cold) = (self.hot_pool.load(Relaxed), self.cold_pool.load(Relaxed));
+        let weighed = hot + cold >= MIN_REFAULTS;
+        if weighed {
+            self.hot_pool.fetch_sub(hot, Relaxed);
+            self.cold_pool.fetch_sub(cold, Relaxed);
+            let saved = cold * FILE_OVER_POOL;
+            if hot > saved && limit > self.floor {
+                let by = if hot > 2 * saved { 2 * self.step } else { self.step };
+                self.limit.store(limit.saturating_sub(by).max(self.floor), Relaxed);
+                self.hold.store(HOLD_TICKS, Relaxed);
+                return Change::Shrank;
+            }
+        }
+        if near >= GROW_NEAR_MISSES && near * FILE_OVER_POOL > hot && hold == 0 && limit < self.max {
+            self.limit.store((limit + self.step).min(self.max), Relaxed);
+            return Change::Grew;
+        }
+        Change::Kept
+    }
 }
 
 #[cfg(test)]
@@ -207,7 +260,7 @@ mod tests {
 
     impl Sim {
         fn new(max: u64) -> Sim {
-            Sim { p: PoolShare::new(128 * MIB, 32 * MIB, max, 256 * MIB), refaults: 0 }
+            Sim { p: PoolShare::new(128 * MIB, 32 * MIB, max, 256 * MIB, false), refaults: 0 }
         }
 
         /// `n` refaults, `short` of them within the pages the pool took.
@@ -356,5 +409,49 @@ mod tests {
         look(&s.p, 0, MIN_WINDOWS);
         assert_eq!(s.tick(), Change::Grew, "room to spare: near misses grow it");
         assert_eq!(s.p.limit(), 40 * MIB);
+    }
+
+    #[test]
+    fn weighed_the_pool_shrinks_while_its_hot_refaults_outweigh_the_file_faults_it_saves() {
+        let p = PoolShare::new(128 * MIB, 32 * MIB, 160 * MIB, 256 * MIB, true);
+        let refaults = |hot: u64, cold: u64| {
+            (0..hot).for_each(|_| p.note_pool_refault(true));
+            (0..cold).for_each(|_| p.note_pool_refault(false));
+        };
+        // Too few pool refaults yet: they wait for more.
+        refaults(MIN_REFAULTS - 1, 0);
+        assert_eq!(p.tick(0), Change::Kept);
+        refaults(1, 0);
+        assert_eq!(p.tick(0), Change::Shrank, "the waiting ones were kept");
+        assert_eq!(p.limit(), 144 * MIB, "two steps: nothing saved at all");
+        // Hot refaults up to what the cold ones saved: kept.
+        refaults(3 * 4, 4);
+        assert_eq!(p.tick(0), Change::Kept);
+        // Above it, not twice: one step; and the short-refault and crowding signals are not
+        // the weighed share's.
+        refaults(3 * 4 + 1, 4);
+        (0..MIN_WINDOWS).for_each(|_| p.note_active_look(true));
+        assert_eq!(p.tick(0), Change::Shrank);
+        assert_eq!(p.limit(), 136 * MIB);
+        for _ in 0..40 {
+            refaults(MIN_REFAULTS, 0);
+            p.tick(0);
+        }
+        assert_eq!(p.limit(), 32 * MIB, "below half, down to the floor and no further");
+        // Near misses grow it after the hold, while worth more than the hot refaults.
+        while p.hold.load(Relaxed) > 0 {
+            p.tick(0);
+        }
+        (0..GROW_NEAR_MISSES).for_each(|_| p.note_file_read(MIB));
+        refaults(GROW_NEAR_MISSES * 3, GROW_NEAR_MISSES * 3);
+        assert_eq!(p.tick(0), Change::Kept, "near misses worth no more than the hot refaults");
+        (0..GROW_NEAR_MISSES).for_each(|_| p.note_file_read(MIB));
+        refaults(GROW_NEAR_MISSES * 3 - 1, GROW_NEAR_MISSES * 3);
+        assert_eq!(p.tick(0), Change::Grew);
+        assert_eq!(p.limit(), 40 * MIB);
+        // Not weighed, the pool's refaults are not even counted.
+        let q = PoolShare::new(128 * MIB, 32 * MIB, 160 * MIB, 256 * MIB, false);
+        q.note_pool_refault(true);
+        assert_eq!(q.hot_pool.load(Relaxed), 0);
     }
 }
