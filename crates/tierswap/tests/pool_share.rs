@@ -60,9 +60,11 @@ fn a_pool_at_five_eighths_keeps_what_half_the_budget_spills() {
     // (adaptive, file pages after the spill, pages read back from the file)
     let mut seen = Vec::new();
     for adapt in [true, false] {
+        // The classic signals (short refaults, near misses), not the weighed share.
         let p = start(PagerConfig {
             compressor: Compressor::Lz4,
             pool_adapt: adapt,
+            pool_weigh: false,
             ..config(BUDGET, "zero,pool,file", FaultMode::Thread, 1)
         });
         assert_eq!(p.stats().pool_limit, if adapt { BUDGET / 8 * 5 } else { BASE });
@@ -94,11 +96,13 @@ fn a_pool_at_five_eighths_keeps_what_half_the_budget_spills() {
 
 #[test]
 fn a_hot_set_squeezed_by_the_pool_gets_the_room_back() {
-    // Short refaults alone (active protection off): they take the limit down to half and
-    // no further; a crowded active list may go below (policy/pool_share.rs's unit tests).
+    // Short refaults alone (active protection off, the classic signals): they take the
+    // limit down to half and no further; a crowded active list may go below
+    // (policy/pool_share.rs's unit tests).
     let p = start(PagerConfig {
         compressor: Compressor::Lz4,
         pool_adapt: true,
+        pool_weigh: false,
         active_protect_pct: 0,
         ..config(BUDGET, "zero,pool,file", FaultMode::Thread, 1)
     });
@@ -132,4 +136,47 @@ fn a_hot_set_squeezed_by_the_pool_gets_the_room_back() {
     for pg in 0..N {
         check(&r, pg);
     }
+}
+
+#[test]
+fn weighed_a_hot_set_squeezed_by_the_pool_gets_the_room_back_below_half() {
+    // The weighed share with page stamps: the hot set's refaults from the pool cost more
+    // than the pool saves, and the limit goes below half, toward the floor, until it fits.
+    let p = start(PagerConfig {
+        compressor: Compressor::Lz4,
+        pool_adapt: true,
+        pool_weigh: true,
+        workingset_page_stamp: true,
+        ..config(BUDGET, "zero,pool,file", FaultMode::Thread, 1)
+    });
+    let r = spilled_region(&p);
+    let top = p.stats().pool_limit;
+    assert_eq!(top, BUDGET / 8 * 5);
+    // A 10 MiB hot set: does not fit beside a pool at half the budget.
+    let hot = (10 << 20) / PAGE;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last_faults = u64::MAX;
+    let mut passes = 0;
+    while Instant::now() < deadline {
+        let before = p.stats().counters.faults_swapped;
+        for pg in 0..hot {
+            check(&r, pg);
+        }
+        passes += 1;
+        last_faults = p.stats().counters.faults_swapped - before;
+        if passes > 1 && last_faults <= (hot / 20) as u64 {
+            break;
+        }
+    }
+    let st = p.stats();
+    assert!(st.counters.pool_limit_shrink > 0, "the hot refaults shrank the limit: {:?}", st.counters);
+    assert!(st.pool_limit < BASE, "limit {} below half ({BASE})", st.pool_limit);
+    assert!(
+        last_faults <= (hot / 20) as u64,
+        "the hot set stays resident once the pool gave way: {last_faults} faults in pass {passes}"
+    );
+    for pg in 0..N {
+        check(&r, pg);
+    }
+    assert!(p.stats().footprint <= BUDGET + BUDGET / 20, "over the budget: {:?}", p.stats());
 }
