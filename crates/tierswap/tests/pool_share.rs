@@ -36,6 +36,27 @@ fn spilled_region(p: &Pager) -> Region {
     r
 }
 
+/// Reads the first `hot` pages of `r` in order, every page checked, pass after pass until
+/// one (after the first) takes at most one fault in 20 pages, or `secs` seconds have passed.
+/// Returns the last pass's swapped faults and the passes made.
+fn read_hot_set(p: &Pager, r: &Region, hot: usize, secs: u64) -> (u64, usize) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut last_faults = u64::MAX;
+    let mut passes = 0;
+    while Instant::now() < deadline {
+        let before = p.stats().counters.faults_swapped;
+        for pg in 0..hot {
+            check(r, pg);
+        }
+        passes += 1;
+        last_faults = p.stats().counters.faults_swapped - before;
+        if passes > 1 && last_faults <= (hot / 20) as u64 {
+            break;
+        }
+    }
+    (last_faults, passes)
+}
+
 /// Sixteen passes of random64_sparse: pass k reads page k of every 64 KiB block, the
 /// blocks in a shuffled order; every page checked.
 fn sparse_passes(r: &Region) {
@@ -112,20 +133,7 @@ fn a_hot_set_squeezed_by_the_pool_gets_the_room_back() {
     // A 6.5 MiB hot set: fits beside a pool at half the budget (8 MiB for pages and the
     // buffers), not beside one at 10 MiB. Read it in order until a pass no longer faults.
     let hot = (13 << 19) / PAGE;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut last_faults = u64::MAX;
-    let mut passes = 0;
-    while Instant::now() < deadline {
-        let before = p.stats().counters.faults_swapped;
-        for pg in 0..hot {
-            check(&r, pg);
-        }
-        passes += 1;
-        last_faults = p.stats().counters.faults_swapped - before;
-        if passes > 1 && last_faults <= (hot / 20) as u64 {
-            break;
-        }
-    }
+    let (last_faults, passes) = read_hot_set(&p, &r, hot, 20);
     let st = p.stats();
     assert!(st.counters.pool_limit_shrink > 0, "short refaults shrank the limit: {:?}", st.counters);
     assert!(st.pool_limit < top && st.pool_limit >= BASE, "limit {} between half and its top {top}", st.pool_limit);
@@ -154,20 +162,7 @@ fn weighed_a_hot_set_squeezed_by_the_pool_gets_the_room_back_below_half() {
     assert_eq!(top, BUDGET / 8 * 5);
     // A 10 MiB hot set: does not fit beside a pool at half the budget.
     let hot = (10 << 20) / PAGE;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut last_faults = u64::MAX;
-    let mut passes = 0;
-    while Instant::now() < deadline {
-        let before = p.stats().counters.faults_swapped;
-        for pg in 0..hot {
-            check(&r, pg);
-        }
-        passes += 1;
-        last_faults = p.stats().counters.faults_swapped - before;
-        if passes > 1 && last_faults <= (hot / 20) as u64 {
-            break;
-        }
-    }
+    let (last_faults, passes) = read_hot_set(&p, &r, hot, 30);
     let st = p.stats();
     assert!(st.counters.pool_limit_shrink > 0, "the hot refaults shrank the limit: {:?}", st.counters);
     assert!(st.pool_limit < BASE, "limit {} below half ({BASE})", st.pool_limit);
