@@ -352,23 +352,28 @@ pub struct PagerConfig {
     /// (`hotset`, 2 GiB) refaulted in 0.64 s against 0.47 s at a fixed half (variant
     /// `[no-]pool-adapt`).
     pub pool_adapt: bool,
-    /// The writeback thread moves pool objects out of spans at most half in use into
-    /// fuller spans of their class while an eighth or more of the pool's spans is free room
-    /// (zsmalloc's compaction): the emptied spans go back, and the room to the program's
-    /// pages. Lab variant `[no-]compact`.
+    /// Pool compaction (zsmalloc's idea): when a quarter of the pool's spans is free room,
+    /// at most once a second, the writeback thread walks the swap table and moves objects
+    /// out of spans at most half in use into fuller spans of their class; the emptied spans
+    /// go back. Off: the pool then holds more objects under the same limit rather than
+    /// leaving room to the program's pages (docs/design.md, "Pool handle and spans"). Lab
+    /// variant `[no-]compact`.
     pub pool_compact: bool,
     /// Workingset detection measures a refault's distance from the page's own eviction,
     /// stamped in its swapped pte, instead of from its cluster's stamp (the cluster's first
     /// fill, restamped by every clean page evicted again onto a kept slot in it). With
     /// cluster stamps, clean re-evictions scattered over every cluster made every refault
-    /// look recent: memcached's random gets activated 100 % of their refaults. Lab variant
-    /// `[no-]page-stamp`.
+    /// look recent: memcached's random gets activated 100 % of their refaults. Off: fewer
+    /// pages protected did not serve more requests (docs/design.md, "Workingset"). Lab
+    /// variant `[no-]page-stamp`.
     pub workingset_page_stamp: bool,
     /// With `pool_adapt`: the pool limit moves by what the pool's refaults say it is worth
     /// (`policy/pool_share.rs`, `tick_weighed`): the working set's refaults from the pool
     /// (pages its room would have kept resident) against its other refaults (file faults it
     /// saved, ~3 pool faults each), down to `pool_floor_pct`; instead of short refaults and
-    /// reclaim's crowded looks. Lab variant `[no-]pool-weigh`.
+    /// reclaim's crowded looks. Off: it took redis to the kernel's fault count but not its
+    /// throughput, and raised its p99 (docs/design.md, "Pool share"). Lab variant
+    /// `[no-]pool-weigh`.
     pub pool_weigh: bool,
     /// Clean pages: a page swapped in from the pool keeps its slot while it stays
     /// unwritten, so evicting it again costs no compression.

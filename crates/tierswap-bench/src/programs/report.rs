@@ -300,7 +300,7 @@ pub fn table(machine: &Machine, spec: &ProgramsSpec, out: &Outcome, summaries: &
         }
         s += "\n";
     }
-    // tierswap's counters per request.
+    // Counters per request: tierswap's, and the kernel engines' swap-ins.
     let ts: Vec<&Summary> = summaries.iter().filter(|r| !r.per_request.is_empty()).collect();
     if !ts.is_empty() {
         s += "\ncounters per timed request (medians of the runs; tierswap: from the pager's control socket; kernel: faults are\n\

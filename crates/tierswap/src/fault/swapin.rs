@@ -353,8 +353,7 @@ impl SwapIn<'_> {
                     }
                     let new = if p.keep { Pte::present_clean(slot) } else { Pte::present() };
                     // Judged while the slot still carries its eviction time.
-                    let from_pool = p.entry.tag() == Tag::Pool;
-                    let new = if j == idx { workingset_refault(s, pte, new, from_pool) } else { new };
+                    let new = if j == idx { workingset_refault(s, pte, new, p.entry.tag() == Tag::Pool) } else { new };
                     if p.keep {
                         s.tiers.swap.unlock(slot, p.entry, kept_entry(s, p.entry));
                     } else {
@@ -537,7 +536,7 @@ fn workingset_refault(s: &Shared, old: Pte, new: Pte, from_pool: bool) -> Pte {
     };
     s.counters.workingset_refault.fetch_add(1, Ordering::Relaxed);
     s.tiers.pool_share.note_refault(distance);
-    if distance <= s.workingset_pages() {
+    if hot {
         s.counters.workingset_activate.fetch_add(1, Ordering::Relaxed);
         new.with_active(true)
     } else {

@@ -51,13 +51,13 @@ use crate::page::PAGE_SIZE;
 use crate::policy::pool_share::PoolShare;
 use crate::stats::Counters;
 use crate::swap::{SwapSpace, DEFAULT_MAX_SLOTS};
-
-// Every slot id fits a swapped pte beside its eviction stamp.
-const _: () = assert!(DEFAULT_MAX_SLOTS <= 1 << crate::pagetable::Pte::SLOT_BITS);
 use crate::sync::Kick;
 use crate::sys;
 use crate::uffd::{self, Uffd};
 use error::io_err;
+
+// Every slot id fits a swapped pte beside its eviction stamp.
+const _: () = assert!(DEFAULT_MAX_SLOTS <= 1 << crate::pagetable::Pte::SLOT_BITS);
 
 pub(crate) use changes::{Displaced, RemappedFrom};
 pub(crate) use children::Children;

@@ -278,7 +278,7 @@ impl SwapSpace {
     /// The eviction clock as a swapped pte keeps it (`Pte::swapped_at`): 30 bits, never 0.
     /// It wraps after 2^34 evictions (64 TiB evicted).
     pub fn evict_stamp_now(&self) -> u32 {
-        ((self.evictions.load(Ordering::Relaxed) >> EVICT_CLOCK_SHIFT) as u32 & PAGE_STAMP_MASK).max(1)
+        (self.evict_clock() & PAGE_STAMP_MASK).max(1)
     }
 
     /// Pages evicted since eviction stamp `stamp` ([`SwapSpace::evict_stamp_now`]); `None`

@@ -295,9 +295,12 @@ impl Writeback {
             }
             let Some(e) = s.tiers.swap.try_lock(slot) else { continue };
             let (h, len) = e.addr_len();
-            let handle = PoolHandle::from_raw(h).filter(|_| e.tag() == Tag::Pool);
             // Locked, the object stays where it is while relocate looks at its span.
-            match handle.and_then(|handle| Some((handle, s.tiers.pool.relocate(handle, len)?))) {
+            let moved_to = match PoolHandle::from_raw(h) {
+                Some(handle) if e.tag() == Tag::Pool => s.tiers.pool.relocate(handle, len).map(|new| (handle, new)),
+                _ => None,
+            };
+            match moved_to {
                 Some((handle, new_handle)) => {
                     let place = SwapEntry::pool(new_handle.raw(), len).with_recompressed(e.recompressed());
                     s.tiers.swap.unlock(slot, e, e.with_place(Tag::Pool, place.location()));
