@@ -22,8 +22,9 @@
 
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
-/// At most this many protected descriptors (the pager opens a handful).
-const MAX_PROTECTED: usize = 16;
+/// At most this many protected descriptors: the pager opens a handful, and each fault
+/// thread (one per CPU) an io_uring for its reads.
+const MAX_PROTECTED: usize = 256;
 
 static PROTECTED: [AtomicI32; MAX_PROTECTED] = [const { AtomicI32::new(-1) }; MAX_PROTECTED];
 static N_PROTECTED: AtomicUsize = AtomicUsize::new(0);

@@ -27,6 +27,9 @@ pub const DEFAULT_FILE_WHOLE_EVIDENCE: u32 = 2;
 pub const DEFAULT_POOL_FLOOR_PCT: u32 = 5;
 /// Default adaptive spin of the fault threads, µs (see `PagerConfig::fault_spin_us`).
 pub const DEFAULT_FAULT_SPIN_US: u32 = 0;
+/// Default time a fault thread polls its file read's completion before it sleeps, µs (see
+/// `PagerConfig::file_read_spin_us`).
+pub const DEFAULT_FILE_READ_SPIN_US: u32 = 200;
 /// Default nice value of the reclaim and writeback threads (see
 /// `PagerConfig::background_nice`).
 pub const DEFAULT_BACKGROUND_NICE: i32 = 0;
@@ -385,6 +388,13 @@ pub struct PagerConfig {
     /// before it sleeps (faults come in bursts; waking a sleeping thread on another CPU costs
     /// tens of µs on VMs, docs/design.md, Fault hand-off and wake-ups). 0 sleeps at once.
     pub fault_spin_us: u32,
+    /// Microseconds a fault thread polls the completion of its file read (submitted on an
+    /// io_uring of its own) before it sleeps in the kernel; 0 reads with pread(2) and
+    /// sleeps at once. Waking a thread whose vCPU halted while the disk read costs 15–25 µs
+    /// of a ~60 µs read here (`ioring.rs`); the program waits on that read meanwhile. 200 µs
+    /// covers a 4–8 KiB read with room (docs/lab/read-spin/: the programs lab served
+    /// 1.01–1.27× the requests a second with it).
+    pub file_read_spin_us: u32,
     /// Nice value (0 to 19) of the reclaim and writeback threads. Above the fault threads'
     /// 0, the scheduler runs a woken fault thread before them on a busy CPU; 0 treats them
     /// alike.
@@ -555,6 +565,7 @@ impl Default for PagerConfig {
             keep_clean: true,
             encrypt: true,
             fault_spin_us: DEFAULT_FAULT_SPIN_US,
+            file_read_spin_us: DEFAULT_FILE_READ_SPIN_US,
             background_nice: DEFAULT_BACKGROUND_NICE,
             fault_pin: DEFAULT_FAULT_PIN,
             fault_follow: true,
@@ -762,7 +773,7 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
 /// The engine settings a lab variant (`tierswap bench --engine tierswap:SETTING…`) or
 /// `tierswap run --set` may change, as they are spelled (for help and error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), pool-floor=PCT (the least the pool limit that follows the workload goes down to, percent of the budget), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// The largest stride prefetch window a setting may ask for, in pages.
 const MAX_SETTING_PREFETCH_PAGES: u32 = 1024;
@@ -835,6 +846,8 @@ pub enum Setting {
     ReadNextUnit(bool),
     /// `spin=US`: the fault threads' adaptive spin.
     SpinUs(u32),
+    /// `read-spin=US`: how long a fault thread polls its file read's completion.
+    ReadSpinUs(u32),
     /// `follow` / `no-follow`: one fault thread polls, the one on the program's CPU.
     Follow(bool),
     /// `throttle-headroom` / `no-throttle-headroom`: reclaim evicts on to its low watermark
@@ -892,6 +905,7 @@ impl Setting {
             Setting::ReadNextUnit(on) => config.file_read_next_unit = on,
             Setting::WholeEvidence(n) => config.file_whole_evidence = n,
             Setting::SpinUs(us) => config.fault_spin_us = us,
+            Setting::ReadSpinUs(us) => config.file_read_spin_us = us,
             Setting::FaultThreads(n) => config.fault_threads = n,
             Setting::Follow(on) => config.fault_follow = on,
             Setting::ThrottleHeadroom(on) => config.throttle_headroom = on,
@@ -1013,6 +1027,12 @@ impl Setting {
                 0..=MAX_SETTING_SPIN_US as i64,
             )
             .map(|us| Setting::SpinUs(us as u32)),
+            "read-spin" => number(
+                "200",
+                &format!("a number of microseconds from 0 (pread) to {MAX_SETTING_SPIN_US}"),
+                0..=MAX_SETTING_SPIN_US as i64,
+            )
+            .map(|us| Setting::ReadSpinUs(us as u32)),
             "threads" => number(
                 "1",
                 &format!("a number of fault threads from 0 (one per CPU) to {MAX_SETTING_FAULT_THREADS}"),
@@ -1152,6 +1172,7 @@ mod setting_tests {
             ("prefetch=8", "stride_prefetch_max_pages", json!(8)),
             ("no-prefetch", "stride_prefetch_max_pages", json!(0)),
             ("spin=50", "fault_spin_us", json!(50)),
+            ("read-spin=50", "file_read_spin_us", json!(50)),
             ("threads=1", "fault_threads", json!(1)),
             ("nice=10", "background_nice", json!(10)),
             ("fault=signal", "fault_mode", json!("Signal")),
@@ -1209,7 +1230,7 @@ mod setting_tests {
             }
         }
         entries.push(SETTINGS[from..].trim());
-        assert_eq!(entries.len(), SWITCHES.len() + 18, "the switches and 18 valued settings: {entries:?}");
+        assert_eq!(entries.len(), SWITCHES.len() + 19, "the switches and 19 valued settings: {entries:?}");
         for entry in entries {
             let name = entry.split([' ', '=']).next().unwrap();
             if let Some(switch) = name.strip_prefix("[no-]") {

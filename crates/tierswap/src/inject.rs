@@ -553,7 +553,7 @@ pub(crate) fn write_all_at(file: &File, buf: &[u8], offset: u64) -> io::Result<(
 #[inline(always)]
 pub(crate) fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     if !ENABLED {
-        return file.read_at(buf, offset);
+        return crate::ioring::read_at(file, buf, offset);
     }
     pause(Kind::ReadSlow);
     if hit(Kind::FileReadEio) {
@@ -562,17 +562,14 @@ pub(crate) fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<us
     let page = crate::page::PAGE_SIZE;
     if buf.len() >= 2 * page && hit(Kind::FileReadShort) {
         let short = (buf.len() / 2) / page * page;
-        return file.read_at(&mut buf[..short], offset);
+        return crate::ioring::read_at(file, &mut buf[..short], offset);
     }
-    file.read_at(buf, offset)
+    crate::ioring::read_at(file, buf, offset)
 }
 
 /// `file.read_exact_at(buf, offset)`, through the read hooks.
 #[inline(always)]
 pub(crate) fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
-    if !ENABLED {
-        return file.read_exact_at(buf, offset);
-    }
     let mut got = 0;
     while got < buf.len() {
         match read_at(file, &mut buf[got..], offset + got as u64) {

@@ -24,7 +24,7 @@
 //!  L1  `pagetable` (a Pte word per page)   `swap` (the virtual swap space: slots, entries)
 //!        │   `backend` (zero / same-filled, pool, file, remote)
 //!        │
-//!  L0  `page` `sys` `uffd` `stats` `inject` `trail` `config` `forkgate` `sync` `tree`
+//!  L0  `page` `sys` `uffd` `ioring` `stats` `inject` `trail` `config` `forkgate` `sync` `tree`
 //! ```
 //!
 //! docs/design.md describes each layer, the data structures with their bit layouts, the
@@ -39,6 +39,7 @@ pub(crate) mod events;
 pub(crate) mod fault;
 pub(crate) mod forkgate;
 pub mod inject;
+pub mod ioring;
 pub(crate) mod mm;
 pub mod page;
 pub mod pager;

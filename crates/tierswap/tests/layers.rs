@@ -16,6 +16,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("uffd", 0),
     ("stats", 0),
     ("inject", 0),
+    ("ioring", 0),
     ("trail", 0),
     ("config", 0),
     ("forkgate", 0),
@@ -42,10 +43,12 @@ const LAYERS: &[(&str, u8)] = &[
 
 /// Edges allowed within a layer (from, to).
 const SAME_LAYER: &[(&str, &str)] = &[
-    // L0: everything may do page math; the system-call helpers poll userfaultfds.
+    // L0: everything may do page math; the system-call helpers poll userfaultfds; the
+    // read hooks read through a thread's ring.
     ("sys", "page"),
     ("sys", "uffd"),
     ("inject", "page"),
+    ("inject", "ioring"),
     ("config", "page"),
     // L1: a swap entry says which backend holds the bytes.
     ("swap", "backend"),

@@ -69,6 +69,17 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
         pin_to_cpu(index, "fault thread");
     }
     s.wake.watch.register(index);
+    if s.config.file_read_spin_us > 0 && s.config.tiers.file {
+        let spin = Duration::from_micros(s.config.file_read_spin_us as u64);
+        if let Err(e) = crate::ioring::spin_reads(spin) {
+            // Said once a process (io_uring may be off for all: a container's seccomp
+            // profile, kernel.io_uring_disabled).
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, Ordering::Relaxed) {
+                eprintln!("tierswap: fault threads read the swap file with pread, not polled: no io_uring ({e})");
+            }
+        }
+    }
     // When this thread, leading, next looks where the program runs (mm/watch.rs).
     let mut next_look = Instant::now();
     let mut scratch = match Scratch::new(s.config.file_unit_bytes, s.config.swapin_max_pages) {
