@@ -15,6 +15,10 @@
 //! [`read_at`] returns, so the buffer it wrote into is never touched afterwards; a ring
 //! that fails is dropped with nothing in flight and the thread reads with pread from then on.
 //!
+//! Only fault threads ask: the shim keeps their rings' descriptors from the program's close
+//! and dup (their number is known when the pager starts), so the descriptor a thread's ring
+//! closes when the thread ends is still the ring's.
+//!
 //! Owns: one ring per thread that asked for one. Calls: the io-uring crate (the ring's
 //! setup, mappings and io_uring_enter), nothing of the engine.
 
@@ -29,6 +33,9 @@ use io_uring::{opcode, types, IoUring};
 
 /// Entries of a thread's ring: one read is in flight at a time.
 const RING_ENTRIES: u32 = 4;
+/// Fault threads beyond this many read with pread: the shim protects 256 of the pager's
+/// descriptors, the rings and the handful the pager opens besides.
+pub const MAX_RINGS: usize = 192;
 
 /// A thread's ring and how long it polls a read's completion.
 struct Spinner {
@@ -77,8 +84,11 @@ pub fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         match spinner.read(file, buf, offset) {
             Ok(res) => res,
             Err(failed) => {
-                // The ring itself failed (nothing in flight): pread from now on.
-                *slot = None;
+                // The ring itself failed (nothing in flight): pread from now on. The ring
+                // is left open, not dropped: a failure may mean the program closed its
+                // descriptor and the number now names a file of the program's, which
+                // closing would take from it.
+                std::mem::forget(slot.take());
                 SPINS.with(|on| on.set(false));
                 eprintln!("tierswap: a fault thread's polled reads failed ({failed}); it reads with pread from now on");
                 file.read_at(buf, offset)

@@ -274,11 +274,6 @@ fn spawn_server(s: &Arc<Shared>, child: Child, scratch: IoBufs) {
     s.fork.children.server_started();
     let res = std::thread::Builder::new().name("tierswap-child".into()).spawn(move || {
         sys::block_signals();
-        // The child waits on this thread's file reads as a program waits on a fault
-        // thread's: they poll their completion the same way (no ring: pread).
-        if s2.config.file_read_spin_us > 0 && s2.config.tiers.file {
-            let _ = crate::ioring::spin_reads(Duration::from_micros(s2.config.file_read_spin_us as u64));
-        }
         if let Some((child, scratch)) = holder.take() {
             serve(&s2, child, scratch);
         }

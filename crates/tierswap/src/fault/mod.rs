@@ -69,7 +69,7 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
         pin_to_cpu(index, "fault thread");
     }
     s.wake.watch.register(index);
-    if s.config.file_read_spin_us > 0 && s.config.tiers.file {
+    if s.config.file_read_spin_us > 0 && s.config.tiers.file && index < crate::ioring::MAX_RINGS {
         let spin = Duration::from_micros(s.config.file_read_spin_us as u64);
         if let Err(e) = crate::ioring::spin_reads(spin) {
             // Said once a process (io_uring may be off for all: a container's seccomp
