@@ -13,7 +13,8 @@
 //! pushed to the thread with an interrupt; the kernel raises IORING_SQ_TASKRUN in the ring
 //! and the polling thread enters the kernel to run it. A read is always reaped before
 //! [`read_at`] returns, so the buffer it wrote into is never touched afterwards; a ring
-//! that fails is dropped with nothing in flight and the thread reads with pread from then on.
+//! that fails, with nothing in flight, is given up (left open, see [`read_at`]) and the
+//! thread reads with pread from then on.
 //!
 //! Only fault threads ask: the shim keeps their rings' descriptors from the program's close
 //! and dup (their number is known when the pager starts), so the descriptor a thread's ring
@@ -105,7 +106,7 @@ impl Spinner {
         let entry = opcode::Read::new(types::Fd(file.as_raw_fd()), buf.as_mut_ptr(), len).offset(offset).build();
         // SAFETY: the entry points into `buf` for `len` bytes; `buf` is borrowed mutably
         // until this function returns, and it returns only once the read's completion is
-        // reaped (or the entry was never submitted: the ring is then dropped unread).
+        // reaped (or the entry was never submitted: the ring is then given up unread).
         unsafe { self.ring.submission().push(&entry) }.map_err(|_| io::Error::other("the ring is full"))?;
         loop {
             match self.ring.submit() {
@@ -144,8 +145,9 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    /// Every read through the ring returns the file's bytes, short at its end, and an
-    /// error of the read itself (a bad descriptor) comes back as that error.
+    /// Every read through the ring returns the file's bytes, short at its end; an error of
+    /// the read itself (a descriptor open for writing only) comes back as that error and
+    /// leaves the ring in use.
     #[test]
     fn polled_reads_return_the_files_bytes() {
         let dir = std::env::temp_dir().join(format!("tierswap-ioring-{}", std::process::id()));
@@ -163,7 +165,11 @@ mod tests {
             assert_eq!(n, want, "read of {len} at {off}");
             assert_eq!(&buf[..n], &data[off..off + n], "bytes at {off}");
         }
-        // A zero spin sleeps in the kernel at once: the same bytes.
+        let wo = std::fs::OpenOptions::new().write(true).open(&dir).unwrap();
+        let err = read_at(&wo, &mut vec![0u8; 4096], 0).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EBADF), "{err}");
+        assert!(spins(), "a failed read is the read's, not the ring's");
+        // A spin of 1 ns sleeps in the kernel at once: the same bytes.
         spin_reads(Duration::from_nanos(1)).unwrap();
         let mut buf = vec![0u8; 4096];
         assert_eq!(read_at(&f, &mut buf, 8192).unwrap(), 4096);
