@@ -552,8 +552,20 @@ pub(crate) fn write_all_at(file: &File, buf: &[u8], offset: u64) -> io::Result<(
 /// bytes than asked (a page multiple), as a real read may.
 #[inline(always)]
 pub(crate) fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    read_tagged(file, buf, offset, None)
+}
+
+/// [`read_at`], served from a read ahead under `tag` where one holds the bytes
+/// (`ioring::read_tagged`). The hooks come first, so an injected failure fails the read
+/// whatever a read ahead holds.
+#[inline(always)]
+pub(crate) fn read_tagged(file: &File, buf: &mut [u8], offset: u64, tag: Option<u64>) -> io::Result<usize> {
+    let read = |buf: &mut [u8]| match tag {
+        Some(t) => crate::ioring::read_tagged(file, buf, offset, t),
+        None => crate::ioring::read_at(file, buf, offset),
+    };
     if !ENABLED {
-        return crate::ioring::read_at(file, buf, offset);
+        return read(buf);
     }
     pause(Kind::ReadSlow);
     if hit(Kind::FileReadEio) {
@@ -562,9 +574,9 @@ pub(crate) fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<us
     let page = crate::page::PAGE_SIZE;
     if buf.len() >= 2 * page && hit(Kind::FileReadShort) {
         let short = (buf.len() / 2) / page * page;
-        return crate::ioring::read_at(file, &mut buf[..short], offset);
+        return read(&mut buf[..short]);
     }
-    crate::ioring::read_at(file, buf, offset)
+    read(buf)
 }
 
 /// `file.read_exact_at(buf, offset)`, through the read hooks.

@@ -126,6 +126,14 @@ counters! {
     file_unit_reads,
     /// File records a fault found in bytes an earlier fault had read.
     file_unit_hits,
+    /// File reads a fault thread started together for faults it read together
+    /// (`PagerConfig::file_batch_reads`).
+    file_reads_batched,
+    /// Of those, the reads a fault then took its bytes from.
+    file_reads_batched_used,
+    /// Records whose bytes from such a read did not open, read again from the disk (none
+    /// expected: the unit's write generation is checked before the bytes are used).
+    file_reads_batched_stale,
     /// Bytes written to the file (whole IOs: records, headers, alignment); divided by
     /// `file_writes` it is the average write size.
     file_io_bytes,

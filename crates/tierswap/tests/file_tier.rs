@@ -809,3 +809,88 @@ fn compaction_gives_sparse_spans_back_and_every_page_reads_back() {
     let c = p.stats().counters;
     assert!(c.zswpin + c.pswpin >= n as u64, "every page came back from a tier: {c:?}");
 }
+
+/// Six program threads fault on file pages at once through one fault thread, each reading
+/// and rewriting pages of its own while reclaim keeps writing them back (units freed and
+/// written again under the reads started ahead). With `file_batch_reads` the faults read
+/// together start their reads together: every byte read matches the page's last version,
+/// no record fails its check, and the reads a fault took its bytes from were among those
+/// started. Without it none is started.
+#[test]
+fn faults_read_together_read_the_file_together() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    for batch in [8u32, 0] {
+        let p = start(PagerConfig { file_batch_reads: batch, ..config(8 << 20, "zero,file", FaultMode::Thread, 1) });
+        let (n, threads) = (8192usize, 6usize); // 32 MiB through an 8 MiB budget
+        let mut r = p.region(n * PAGE, Hint::Random).unwrap();
+        for pg in 0..n {
+            fill_version(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 0);
+        }
+        p.evict_all();
+        let base = r.as_ptr() as usize;
+        let stop = AtomicBool::new(false);
+        let vers = std::thread::scope(|sc| {
+            let workers: Vec<_> = (0..threads)
+                .map(|t| {
+                    let stop = &stop;
+                    sc.spawn(move || {
+                        // Thread t owns the pages with pg % threads == t.
+                        let mut ver = vec![0u64; n];
+                        let mut x = 0x2545_f491_4f6c_dd1du64 ^ t as u64;
+                        let (mut reads, mut bad) = (0u64, 0u64);
+                        while !stop.load(Ordering::Relaxed) {
+                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                            let pg = ((x >> 33) as usize % (n / threads)) * threads + t;
+                            // SAFETY: page pg of the region, owned by this thread alone.
+                            let page = unsafe { std::slice::from_raw_parts_mut((base + pg * PAGE) as *mut u8, PAGE) };
+                            if x & 7 == 0 {
+                                ver[pg] += 1;
+                                fill_version(page, pg, ver[pg]);
+                            } else {
+                                reads += 1;
+                                bad += !version_ok(page, pg, ver[pg]) as u64;
+                            }
+                        }
+                        assert_eq!(bad, 0, "thread {t} read a wrong byte ({reads} reads, batch-reads {batch})");
+                        assert!(reads > 0);
+                        ver
+                    })
+                })
+                .collect();
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            stop.store(true, Ordering::Relaxed);
+            let mut vers = vec![0u64; n];
+            for (t, w) in workers.into_iter().enumerate() {
+                let ver = w.join().unwrap();
+                for pg in (t..n).step_by(threads) {
+                    vers[pg] = ver[pg];
+                }
+            }
+            vers
+        });
+        let mem = r.as_slice();
+        for pg in 0..n {
+            assert!(
+                version_ok(&mem[pg * PAGE..(pg + 1) * PAGE], pg, vers[pg]),
+                "page {pg} at the end, batch-reads {batch}"
+            );
+        }
+        let c = p.stats().counters;
+        assert_eq!((c.checksum_errors, c.read_errors), (0, 0), "batch-reads {batch}: {c:?}");
+        assert_eq!(c.file_reads_batched_stale, 0, "no read ahead brought bytes of another write: {c:?}");
+        assert!(c.file_unit_reads > 1000, "the threads faulted on the file: {c:?}");
+        eprintln!(
+            "batch-reads {batch}: {} file reads, {} started together, {} used",
+            c.file_unit_reads, c.file_reads_batched, c.file_reads_batched_used
+        );
+        if batch > 0 {
+            assert!(c.file_reads_batched > 0, "faults read together started reads together: {c:?}");
+            assert!(
+                c.file_reads_batched_used > 0 && c.file_reads_batched_used <= c.file_reads_batched,
+                "faults took their bytes from the reads started: {c:?}"
+            );
+        } else {
+            assert_eq!((c.file_reads_batched, c.file_reads_batched_used), (0, 0), "{c:?}");
+        }
+    }
+}

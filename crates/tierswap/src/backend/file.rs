@@ -421,6 +421,9 @@ pub struct UnitCache {
     /// It served a request outside its block / a later request inside it.
     served_beyond: bool,
     served_block: bool,
+    /// The bytes last read came from a read ahead (`FileTier::read_ahead_record`): a record
+    /// that does not open is read again, as a cached one is.
+    from_ahead: bool,
     /// Read whole units on a miss whatever was learnt (a readahead follows and wants them).
     pub whole: bool,
     whole_pays: bool,
@@ -495,6 +498,7 @@ impl UnitCache {
             read_block: false,
             served_beyond: false,
             served_block: false,
+            from_ahead: false,
             whole: false,
             whole_pays: true,
             whole_idle: 0,
@@ -545,6 +549,9 @@ pub enum Served {
     Filled,
     /// Not in the copy: read now (one IO).
     Read,
+    /// Read now (one IO) after the bytes a read ahead brought did not open: the generation
+    /// check should make this never happen (`FileTier::read_ahead_record`).
+    Reread,
 }
 
 /// A byte range that holds nothing and touches nothing.
@@ -899,7 +906,15 @@ impl FileTier {
             return Ok(0);
         }
         cache.learn_from_miss(need, ub, self.whole_evidence.load(Ordering::Relaxed));
-        let (lo, hi) = if cache.whole || cache.whole_pays || cache.block_pays { block } else { need };
+        // The record's own span read ahead (faults read together, `read_ahead_record`) is
+        // taken as it is: a larger read now would wait for the disk again.
+        let ahead = (need.1 - 1) / ub == need.0 / ub && {
+            let from = need.0 - need.0 % IO_ALIGN as u64;
+            let to = round_up(need.1 as usize, IO_ALIGN) as u64;
+            crate::ioring::holds_ahead(&self.file, from, (to - from) as usize, need_now[0])
+        };
+        let wider = !ahead && (cache.whole || cache.whole_pays || cache.block_pays);
+        let (lo, hi) = if wider { block } else { need };
         let first = lo / ub;
         let next = self.read_next_unit.load(Ordering::Relaxed) as u64;
         let gens = match (first == u0, next) {
@@ -912,11 +927,13 @@ impl FileTier {
         // large unit and the start of the next), if that covers the records.
         let last = (hi - 1) / ub;
         let whole_to = ((last + 1 + next) * ub).min(first * ub + cap);
-        let whole = (cache.whole || cache.whole_pays) && round_up(hi as usize, IO_ALIGN) as u64 <= whole_to;
+        let whole = !ahead && (cache.whole || cache.whole_pays) && round_up(hi as usize, IO_ALIGN) as u64 <= whole_to;
         let (reads, valid_to) = if whole {
             self.read_whole_units(cache, first, whole_to, gens, need.0)?
         } else {
-            self.read_span(cache, (lo, hi), need.0)?
+            // A span inside one unit may come from a read ahead of that unit's generation.
+            let tag = ((hi - 1) / ub == first).then_some(gens[0]);
+            self.read_span(cache, (lo, hi), need.0, tag)?
         };
         cache.end = valid_to;
         cache.first_unit = first;
@@ -956,6 +973,7 @@ impl FileTier {
             }
         }
         cache.end = cache.start; // nothing valid while it is rebuilt
+        cache.from_ahead = false;
         let mut valid_to = first * ub;
         let mut reads = 0;
         let mut i = 0;
@@ -970,7 +988,7 @@ impl FileTier {
             let to = if i == 0 && !kept[1] { whole_to } else { to };
             let at = (from - first * ub) as usize;
             let want = (to - from) as usize;
-            let got = self.read_into(&mut cache.buf.as_mut_slice()[at..at + want], from, for_record)?;
+            let got = self.read_into(&mut cache.buf.as_mut_slice()[at..at + want], from, for_record, None)?;
             reads += 1;
             valid_to = from + got as u64;
             if got < want {
@@ -986,22 +1004,55 @@ impl FileTier {
 
     /// Reads the IO-aligned span around file bytes `[lo, hi)` into `cache`. Returns the
     /// reads (one) and the end of the valid bytes.
-    fn read_span(&self, cache: &mut UnitCache, (lo, hi): (u64, u64), for_record: u64) -> Result<(u32, u64), FileError> {
+    /// `tag`: the generation of the one unit the span lies in, under which a read ahead of
+    /// it may serve it.
+    fn read_span(
+        &self,
+        cache: &mut UnitCache,
+        (lo, hi): (u64, u64),
+        for_record: u64,
+        tag: Option<u64>,
+    ) -> Result<(u32, u64), FileError> {
         let from = lo - lo % IO_ALIGN as u64;
         let to = round_up(hi as usize, IO_ALIGN) as u64;
         cache.end = cache.start;
         let want = (to - from) as usize;
-        let got = self.read_into(&mut cache.buf.as_mut_slice()[..want], from, for_record)?;
+        let taken = crate::ioring::aheads_taken();
+        let got = self.read_into(&mut cache.buf.as_mut_slice()[..want], from, for_record, tag)?;
+        cache.from_ahead = crate::ioring::aheads_taken() != taken;
         cache.start = from;
         cache.whole_unit = [false; 2];
         Ok((1, from + got as u64))
     }
 
+    /// Starts reading the record at `offset` (`len` payload bytes) ahead on this thread's
+    /// ring (`ioring::read_ahead`), tagged with its unit's write generation, for a fault
+    /// that waits behind the one being served; [`FileTier::fill`] takes the bytes when it
+    /// reads the same span under the same generation. `still_there` looks at the caller's
+    /// swap entry again: it is called after the generation is read, so a record it still
+    /// finds in the unit was written before that generation was read (entries point at a
+    /// unit only once its write is done), and the bytes read cannot be a write in progress.
+    /// Returns whether a read went out.
+    pub fn read_ahead_record(&self, offset: u64, len: usize, still_there: impl FnOnce() -> bool) -> bool {
+        let ub = self.unit_bytes as u64;
+        let end = offset + record_bytes(len) as u64;
+        if (end - 1) / ub != offset / ub {
+            return false;
+        }
+        let generation = self.generation_of(offset / ub);
+        if !still_there() {
+            return false;
+        }
+        let from = offset - offset % IO_ALIGN as u64;
+        let to = round_up(end as usize, IO_ALIGN) as u64;
+        crate::ioring::read_ahead(&self.file, from, (to - from) as usize, generation)
+    }
+
     /// Reads file bytes from `from` into `buf`, short only at the end of the file.
-    fn read_into(&self, buf: &mut [u8], from: u64, for_offset: u64) -> Result<usize, FileError> {
+    fn read_into(&self, buf: &mut [u8], from: u64, for_offset: u64, tag: Option<u64>) -> Result<usize, FileError> {
         let mut got = 0;
         while got < buf.len() {
-            match crate::inject::read_at(&self.file, &mut buf[got..], from + got as u64) {
+            match crate::inject::read_tagged(&self.file, &mut buf[got..], from + got as u64, tag) {
                 Ok(0) => break,
                 Ok(n) => got += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -1060,11 +1111,14 @@ impl FileTier {
         let place = self.place(offset, len, slot, generation);
         match self.sealer.open_record(&cache.buf.as_slice()[at..at + record_bytes(len)], &place, out) {
             Ok(()) => Ok(served),
-            Err(_) if served == Served::Cached => {
+            Err(_) if served == Served::Cached || cache.from_ahead => {
                 // A copy read for another request may hold a unit that was being written
-                // as it was read (see `set_read_next_unit`): read this record's bytes again.
+                // as it was read (see `set_read_next_unit`), and so may a read ahead the
+                // generation check let through: read this record's bytes again.
+                let again = if served != Served::Cached { Served::Reread } else { Served::Read };
                 cache.end = cache.start;
-                self.read_cached(offset, len, slot, cache, out).map(|_| Served::Read)
+                cache.from_ahead = false;
+                self.read_cached(offset, len, slot, cache, out).map(|_| again)
             }
             Err(e) => {
                 // Never trust this copy again.

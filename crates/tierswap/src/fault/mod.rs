@@ -150,17 +150,101 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
         if s.wake.watch.note(index, &events) {
             s.counters.fault_follow_all.fetch_add(1, Ordering::Relaxed);
         }
+        let mut batched = start_batched_reads(&s, &events, 2);
+        let taken = crate::ioring::aheads_taken();
         let mut served_tid = 0;
-        for ev in events.drain(..) {
+        let mut i = 0;
+        while i < events.len() {
+            let ev = std::mem::replace(&mut events[i], Event::Unknown(0));
+            i += 1;
             if let Event::PageFault { tid, .. } = ev {
                 served_tid = tid;
             }
             serve_fault_event(&s, ev, &mut scratch);
+            if batched > 0 && events.len() < REFILL_MESSAGES {
+                batched += refill(&s, index, &mut events);
+            }
+        }
+        events.clear();
+        if batched > 0 {
+            crate::ioring::forget_ahead();
+            let used = crate::ioring::aheads_taken() - taken;
+            s.counters.file_reads_batched.fetch_add(batched, Ordering::Relaxed);
+            s.counters.file_reads_batched_used.fetch_add(used, Ordering::Relaxed);
         }
         if s.wake.watch.follow(index, served_tid, &mut next_look) {
             s.counters.fault_follow_moves.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// Starts the file reads of the swapped pages several program threads fault on (one read of
+/// the userfaultfd brought their messages), up to `file_batch_reads`, so that the disk
+/// serves them side by side while the faults are served one by one as before, each taking
+/// its record's bytes from its read (`FileTier::read_ahead_record`). A page that changes
+/// meanwhile (served by another thread, written back elsewhere) leaves its read unused;
+/// the caller forgets those once the faults are served. Returns the reads started.
+fn start_batched_reads(s: &Shared, events: &[Event], min_faults: usize) -> u64 {
+    let max = s.config.file_batch_reads as usize;
+    let Some(file) = s.tiers.file.as_ref() else { return 0 };
+    if max == 0 || !crate::ioring::spins() {
+        return 0;
+    }
+    if events.iter().filter(|e| matches!(e, Event::PageFault { wp: false, .. })).count() < min_faults {
+        return 0;
+    }
+    let mut started = 0;
+    for ev in events {
+        let Event::PageFault { addr, wp: false, .. } = *ev else { continue };
+        if started == max {
+            break;
+        }
+        let Lookup::Region(r, idx) = s.lookup(addr & !(PAGE_SIZE - 1)) else { continue };
+        let pte = r.ptes.load(idx);
+        if pte.state() != PteState::Swapped || pte.locked() {
+            continue;
+        }
+        let slot = pte.slot();
+        let e = s.tiers.swap.load(slot);
+        if e.tag() != Tag::File {
+            continue;
+        }
+        let (offset, len) = e.addr_len();
+        if file.read_ahead_record(offset, len, || s.tiers.swap.load(slot) == e && r.ptes.load(idx) == pte) {
+            started += 1;
+        }
+    }
+    started as u64
+}
+
+// Every read `file_batch_reads` allows has a read-ahead buffer.
+const _: () = assert!(crate::config::MAX_BATCH_READS as usize <= crate::ioring::AHEAD_SLOTS);
+
+/// Messages a batch whose file reads go out together may grow to (see [`refill`]).
+const REFILL_MESSAGES: usize = 64;
+
+/// While a batch's file reads are in flight, the threads served first fault again before
+/// the batch ends: reads the messages queued since (without waiting, and only if no other
+/// thread is reading), handles their events and starts their faults' file reads, so the
+/// disk keeps several reads of the program's threads in flight. The faults join the batch
+/// after those already in it; as within one read, the events read with them are handled
+/// before them. Returns the file reads started.
+fn refill(s: &Arc<Shared>, index: usize, events: &mut Vec<Event>) -> u64 {
+    let before = events.len();
+    {
+        let Some(_ev) = try_lock(&s.gates.event_lock) else { return 0 };
+        let room = REFILL_MESSAGES - before;
+        match s.read_program_events(events, room, true) {
+            Ok(0) => return 0,
+            Ok(_) => {}
+            Err(e) => fatal(&format!("reading the userfaultfd failed: {e}")),
+        }
+        handle_non_faults(s, &mut events[before..]);
+    }
+    if s.wake.watch.note(index, &events[before..]) {
+        s.counters.fault_follow_all.fetch_add(1, Ordering::Relaxed);
+    }
+    start_batched_reads(s, &events[before..], 1)
 }
 
 /// Messages a fault thread can hold while a fork holds the gate.

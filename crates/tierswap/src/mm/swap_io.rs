@@ -135,6 +135,10 @@ pub(crate) fn read_entry(
             match served {
                 Served::Cached => s.counters.file_unit_hits.fetch_add(1, Ordering::Relaxed),
                 Served::Read => s.counters.file_unit_reads.fetch_add(1, Ordering::Relaxed),
+                Served::Reread => {
+                    s.counters.file_reads_batched_stale.fetch_add(1, Ordering::Relaxed);
+                    s.counters.file_unit_reads.fetch_add(1, Ordering::Relaxed)
+                }
                 Served::Filled => 0,
             };
             if len == PAGE_SIZE {
