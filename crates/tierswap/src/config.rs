@@ -30,9 +30,9 @@ pub const DEFAULT_FAULT_SPIN_US: u32 = 0;
 /// Default time a fault thread polls its file read's completion before it sleeps, µs (see
 /// `PagerConfig::file_read_spin_us`).
 pub const DEFAULT_FILE_READ_SPIN_US: u32 = 200;
-/// Default number of file reads a fault thread starts together for faults it read together
-/// (see `PagerConfig::file_batch_reads`).
-pub const DEFAULT_FILE_BATCH_READS: u32 = 4;
+/// Default number of file reads a fault thread keeps in flight for the faults of several
+/// program threads (see `PagerConfig::file_batch_reads`).
+pub const DEFAULT_FILE_BATCH_READS: u32 = 8;
 /// The most file reads a fault thread may have in flight ahead of its faults (the read-ahead
 /// buffers of its ring, `ioring::AHEAD_SLOTS`).
 pub const MAX_BATCH_READS: u32 = 8;
@@ -401,15 +401,15 @@ pub struct PagerConfig {
     /// covers a 4–8 KiB read with room (docs/lab/read-spin/: the programs lab served
     /// 1.01–1.27× the requests a second with it).
     pub file_read_spin_us: u32,
-    /// Up to this many file reads go to the disk together when a fault thread reads the
-    /// faults of several program threads at once (one read of the userfaultfd): each
-    /// faulting page's record is read ahead on the thread's ring (`ioring.rs`, at most 8
-    /// in flight) and the faults are then served one by one, each finding its bytes read
-    /// or in flight; while they are, the thread reads the faults queued since after each
-    /// one it serves, and starts theirs. The disk here serves 4 KiB random reads ~2.5× as
-    /// fast four at a time as one at a time; four threads faulting on the file at random
-    /// were served 1.3× as fast, memcached 1.06–1.13× (docs/lab/batch-reads/). 0 reads
-    /// one fault's record at a time. Needs `file_read_spin_us` > 0.
+    /// Up to this many file reads in flight for the faults of several program threads: when
+    /// a fault thread reads several faults at once (one read of the userfaultfd), the file
+    /// read of each faulting page's record goes out ahead on the thread's ring (`ioring.rs`)
+    /// and the faults are then served one by one, each finding its bytes read or in flight;
+    /// as they are served, the thread reads the faults queued since and starts theirs. The
+    /// disk here serves 4 KiB random reads ~2.5× as fast four at a time as one at a time;
+    /// four to sixteen threads faulting on the file at random were served 1.3–2× as fast,
+    /// memcached's requests 1.15–1.27× (docs/lab/batch-reads/). 0 reads one fault's record
+    /// at a time. At most `MAX_BATCH_READS`; needs `file_read_spin_us` > 0.
     pub file_batch_reads: u32,
     /// Nice value (0 to 19) of the reclaim and writeback threads. Above the fault threads'
     /// 0, the scheduler runs a woken fault thread before them on a busy CPU; 0 treats them
@@ -790,7 +790,7 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
 /// The engine settings a lab variant (`tierswap bench --engine tierswap:SETTING…`) or
 /// `tierswap run --set` may change, as they are spelled (for help and error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), pool-floor=PCT (the least the pool limit that follows the workload goes down to, percent of the budget), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (faults read together start up to N file reads together, 0..8, 4 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// The largest stride prefetch window a setting may ask for, in pages.
 const MAX_SETTING_PREFETCH_PAGES: u32 = 1024;
@@ -865,7 +865,7 @@ pub enum Setting {
     SpinUs(u32),
     /// `read-spin=US`: how long a fault thread polls its file read's completion.
     ReadSpinUs(u32),
-    /// `batch-reads=N`: file reads started together for faults read together.
+    /// `batch-reads=N`: file reads in flight for the faults of several program threads.
     BatchReads(u32),
     /// `follow` / `no-follow`: one fault thread polls, the one on the program's CPU.
     Follow(bool),
@@ -1199,7 +1199,7 @@ mod setting_tests {
             ("no-prefetch", "stride_prefetch_max_pages", json!(0)),
             ("spin=50", "fault_spin_us", json!(50)),
             ("read-spin=50", "file_read_spin_us", json!(50)),
-            ("batch-reads=8", "file_batch_reads", json!(8)),
+            ("batch-reads=4", "file_batch_reads", json!(4)),
             ("threads=1", "fault_threads", json!(1)),
             ("nice=10", "background_nice", json!(10)),
             ("fault=signal", "fault_mode", json!("Signal")),

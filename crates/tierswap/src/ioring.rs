@@ -181,6 +181,19 @@ pub fn read_ahead(file: &File, offset: u64, len: usize, tag: u64) -> bool {
     })
 }
 
+/// This thread's reads ahead in flight or done and not yet taken.
+pub fn aheads_outstanding() -> usize {
+    if !spins() {
+        return 0;
+    }
+    SPINNER.with(|s| {
+        let Ok(slot) = s.try_borrow() else { return 0 };
+        slot.as_ref().map_or(0, |sp| {
+            sp.ahead.iter().filter(|a| matches!(a.state, AheadState::InFlight | AheadState::Done(_))).count()
+        })
+    })
+}
+
 /// Whether a read ahead of this thread (in flight or done) covers `[offset, offset + len)`
 /// of `file` under `tag`.
 pub fn holds_ahead(file: &File, offset: u64, len: usize, tag: u64) -> bool {
@@ -457,9 +470,11 @@ mod tests {
         };
         assert!(read_ahead(&f, 0, 8192, 7));
         assert!(read_ahead(&f, 16384, 12288, 9));
+        assert_eq!(aheads_outstanding(), 2);
         assert!(holds_ahead(&f, 4096, 4096, 7) && !holds_ahead(&f, 4096, 8192, 7) && !holds_ahead(&f, 0, 4096, 9));
         assert_eq!(read(4096, 4096, 7), 1, "part of a read ahead, same tag");
         assert_eq!(read(4096, 4096, 7), 0, "a read ahead serves once");
+        assert_eq!(aheads_outstanding(), 1);
         assert_eq!(read(16384, 4096, 8), 0, "another tag");
         assert_eq!(read(20480, 8192, 9), 1, "the right tag");
         assert!(read_ahead(&f, 36864, 8192, 3));

@@ -150,8 +150,7 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
         if s.wake.watch.note(index, &events) {
             s.counters.fault_follow_all.fetch_add(1, Ordering::Relaxed);
         }
-        let mut batched = start_batched_reads(&s, &events, 2);
-        let taken = crate::ioring::aheads_taken();
+        let mut reads = BatchReads::begin(&s, &events);
         let mut served_tid = 0;
         let mut i = 0;
         while i < events.len() {
@@ -161,16 +160,16 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
                 served_tid = tid;
             }
             serve_fault_event(&s, ev, &mut scratch);
-            if batched > 0 && events.len() < REFILL_MESSAGES {
-                batched += refill(&s, index, &mut events);
+            if let Some(b) = reads.as_mut().filter(|b| b.started > 0) {
+                if events.len() < REFILL_MESSAGES {
+                    refill(&s, index, &mut events);
+                }
+                b.start(&s, &events, i);
             }
         }
         events.clear();
-        if batched > 0 {
-            crate::ioring::forget_ahead();
-            let used = crate::ioring::aheads_taken() - taken;
-            s.counters.file_reads_batched.fetch_add(batched, Ordering::Relaxed);
-            s.counters.file_reads_batched_used.fetch_add(used, Ordering::Relaxed);
+        if let Some(b) = reads {
+            b.finish(&s);
         }
         if s.wake.watch.follow(index, served_tid, &mut next_look) {
             s.counters.fault_follow_moves.fetch_add(1, Ordering::Relaxed);
@@ -178,43 +177,75 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
     }
 }
 
-/// Starts the file reads of the swapped pages several program threads fault on (one read of
-/// the userfaultfd brought their messages), up to `file_batch_reads`, so that the disk
-/// serves them side by side while the faults are served one by one as before, each taking
-/// its record's bytes from its read (`FileTier::read_ahead_record`). A page that changes
-/// meanwhile (served by another thread, written back elsewhere) leaves its read unused;
-/// the caller forgets those once the faults are served. Returns the reads started.
-fn start_batched_reads(s: &Shared, events: &[Event], min_faults: usize) -> u64 {
-    let max = s.config.file_batch_reads as usize;
-    let Some(file) = s.tiers.file.as_ref() else { return 0 };
-    if max == 0 || !crate::ioring::spins() {
-        return 0;
+/// The file reads a batch of faults started ahead of serving them
+/// (`PagerConfig::file_batch_reads`): when one read of the userfaultfd brought the faults of
+/// several program threads, the file reads of their swapped pages go out together, so that
+/// the disk serves them side by side while the faults are served one by one as before, each
+/// taking its record's bytes from its read (`FileTier::read_ahead_record`). As faults are
+/// served, reads start for the next ones, up to `file_batch_reads` outstanding. A page that
+/// changes meanwhile (served by another thread, written back elsewhere) leaves its read
+/// unused; those are forgotten when the batch ends.
+struct BatchReads {
+    /// Messages before this one have been looked at for a read.
+    next: usize,
+    /// Reads started.
+    started: u64,
+    /// This thread's reads served from reads ahead before the batch (`ioring::aheads_taken`).
+    taken_before: u64,
+}
+
+impl BatchReads {
+    /// Starts the batch's first reads if it holds faults of two threads or more (two
+    /// messages) and the thread reads on a ring; `None` otherwise.
+    fn begin(s: &Shared, events: &[Event]) -> Option<BatchReads> {
+        if s.config.file_batch_reads == 0 || s.tiers.file.is_none() || !crate::ioring::spins() {
+            return None;
+        }
+        if events.iter().filter(|e| matches!(e, Event::PageFault { wp: false, .. })).count() < 2 {
+            return None;
+        }
+        let mut b = BatchReads { next: 0, started: 0, taken_before: crate::ioring::aheads_taken() };
+        b.start(s, events, 0);
+        Some(b)
     }
-    if events.iter().filter(|e| matches!(e, Event::PageFault { wp: false, .. })).count() < min_faults {
-        return 0;
+
+    /// Starts the reads of the faults from `next` on (none before `served`, the messages
+    /// served already) while fewer than `file_batch_reads` are outstanding.
+    fn start(&mut self, s: &Shared, events: &[Event], served: usize) {
+        let Some(file) = s.tiers.file.as_ref() else { return };
+        let max = s.config.file_batch_reads as usize;
+        self.next = self.next.max(served);
+        while self.next < events.len() && crate::ioring::aheads_outstanding() < max {
+            let at = self.next;
+            self.next += 1;
+            let Event::PageFault { addr, wp: false, .. } = events[at] else { continue };
+            let Lookup::Region(r, idx) = s.lookup(addr & !(PAGE_SIZE - 1)) else { continue };
+            let pte = r.ptes.load(idx);
+            if pte.state() != PteState::Swapped || pte.locked() {
+                continue;
+            }
+            let slot = pte.slot();
+            let e = s.tiers.swap.load(slot);
+            if e.tag() != Tag::File {
+                continue;
+            }
+            let (offset, len) = e.addr_len();
+            if file.read_ahead_record(offset, len, || s.tiers.swap.load(slot) == e && r.ptes.load(idx) == pte) {
+                self.started += 1;
+            }
+        }
     }
-    let mut started = 0;
-    for ev in events {
-        let Event::PageFault { addr, wp: false, .. } = *ev else { continue };
-        if started == max {
-            break;
+
+    /// Forgets the reads no fault took and counts the batch's.
+    fn finish(self, s: &Shared) {
+        if self.started == 0 {
+            return;
         }
-        let Lookup::Region(r, idx) = s.lookup(addr & !(PAGE_SIZE - 1)) else { continue };
-        let pte = r.ptes.load(idx);
-        if pte.state() != PteState::Swapped || pte.locked() {
-            continue;
-        }
-        let slot = pte.slot();
-        let e = s.tiers.swap.load(slot);
-        if e.tag() != Tag::File {
-            continue;
-        }
-        let (offset, len) = e.addr_len();
-        if file.read_ahead_record(offset, len, || s.tiers.swap.load(slot) == e && r.ptes.load(idx) == pte) {
-            started += 1;
-        }
+        crate::ioring::forget_ahead();
+        let used = crate::ioring::aheads_taken() - self.taken_before;
+        s.counters.file_reads_batched.fetch_add(self.started, Ordering::Relaxed);
+        s.counters.file_reads_batched_used.fetch_add(used, Ordering::Relaxed);
     }
-    started as u64
 }
 
 // Every read `file_batch_reads` allows has a read-ahead buffer.
@@ -225,17 +256,17 @@ const REFILL_MESSAGES: usize = 64;
 
 /// While a batch's file reads are in flight, the threads served first fault again before
 /// the batch ends: reads the messages queued since (without waiting, and only if no other
-/// thread is reading), handles their events and starts their faults' file reads, so the
-/// disk keeps several reads of the program's threads in flight. The faults join the batch
-/// after those already in it; as within one read, the events read with them are handled
-/// before them. Returns the file reads started.
-fn refill(s: &Arc<Shared>, index: usize, events: &mut Vec<Event>) -> u64 {
+/// thread is reading) and handles their events; their faults join the batch after those
+/// already in it (as within one read, the events read with them are handled before them),
+/// and their file reads start as the batch's outstanding ones are taken ([`BatchReads`]),
+/// so the disk keeps several reads of the program's threads in flight.
+fn refill(s: &Arc<Shared>, index: usize, events: &mut Vec<Event>) {
     let before = events.len();
     {
-        let Some(_ev) = try_lock(&s.gates.event_lock) else { return 0 };
+        let Some(_ev) = try_lock(&s.gates.event_lock) else { return };
         let room = REFILL_MESSAGES - before;
         match s.read_program_events(events, room, true) {
-            Ok(0) => return 0,
+            Ok(0) => return,
             Ok(_) => {}
             Err(e) => fatal(&format!("reading the userfaultfd failed: {e}")),
         }
@@ -244,7 +275,6 @@ fn refill(s: &Arc<Shared>, index: usize, events: &mut Vec<Event>) -> u64 {
     if s.wake.watch.note(index, &events[before..]) {
         s.counters.fault_follow_all.fetch_add(1, Ordering::Relaxed);
     }
-    start_batched_reads(s, &events[before..], 1)
 }
 
 /// Messages a fault thread can hold while a fork holds the gate.
