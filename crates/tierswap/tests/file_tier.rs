@@ -265,9 +265,65 @@ fn version_ok(buf: &[u8], p: usize, ver: u64) -> bool {
     buf.chunks_exact(8).enumerate().all(|(i, w)| w == (((p as u64) * 512 + i as u64) ^ (ver << 40)).to_le_bytes())
 }
 
+/// Runs `during` while `threads` threads work the `n` pages at `base` (each page `pg` filled
+/// with `fill_version(.., pg, 0)`): thread t owns the pages with `pg % threads == t`, and
+/// picks one of its own at random to check that it holds the version it last wrote or, one
+/// time in `write_every` (a power of two), to write the next version. When `during` returns
+/// the threads stop; each must have read some page and no wrong byte (`what` names the
+/// run). Returns what `during` returned and every page's last version.
+fn with_versioned_threads<R>(
+    base: usize,
+    n: usize,
+    threads: usize,
+    write_every: u64,
+    seed: u64,
+    what: &str,
+    during: impl FnOnce() -> R,
+) -> (R, Vec<u64>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let stop = &stop;
+                sc.spawn(move || {
+                    let mut ver = vec![0u64; n];
+                    let mut x = seed ^ t as u64;
+                    let (mut reads, mut bad) = (0u64, 0u64);
+                    while !stop.load(Ordering::Relaxed) {
+                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        let pg = ((x >> 33) as usize % (n / threads)) * threads + t;
+                        // SAFETY: page pg of the region, owned by this thread alone.
+                        let page = unsafe { std::slice::from_raw_parts_mut((base + pg * PAGE) as *mut u8, PAGE) };
+                        if x & (write_every - 1) == 0 {
+                            ver[pg] += 1;
+                            fill_version(page, pg, ver[pg]);
+                        } else {
+                            reads += 1;
+                            bad += !version_ok(page, pg, ver[pg]) as u64;
+                        }
+                    }
+                    (ver, reads, bad)
+                })
+            })
+            .collect();
+        let out = during();
+        stop.store(true, Ordering::Relaxed);
+        let mut vers = vec![0u64; n];
+        for (t, w) in workers.into_iter().enumerate() {
+            let (ver, reads, bad) = w.join().unwrap();
+            assert_eq!(bad, 0, "thread {t} read a wrong byte ({reads} reads, {what})");
+            assert!(reads > 0, "thread {t} read nothing ({what})");
+            for pg in (t..n).step_by(threads) {
+                vers[pg] = ver[pg];
+            }
+        }
+        (out, vers)
+    })
+}
+
 #[test]
 fn drain_empties_the_file_while_threads_read_and_write() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     let p = start(PagerConfig {
         pool_max_bytes: Some(1 << 20),
         ..config(16 << 20, "zero,pool,file", FaultMode::Thread, 2)
@@ -285,50 +341,13 @@ fn drain_empties_the_file_while_threads_read_and_write() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let before = p.stats();
-    let base = r.as_ptr() as usize;
-    let stop = AtomicBool::new(false);
-    let report = std::thread::scope(|sc| {
-        let workers: Vec<_> = (0..2usize)
-            .map(|t| {
-                let stop = &stop;
-                sc.spawn(move || {
-                    // Thread t owns the pages with pg % 2 == t and keeps their versions.
-                    let mut ver = vec![0u64; n];
-                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
-                    let (mut reads, mut bad) = (0u64, 0u64);
-                    while !stop.load(Ordering::Relaxed) {
-                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                        let pg = ((x >> 33) as usize % (n / 2)) * 2 + t;
-                        // SAFETY: page pg of the region, owned by this thread alone.
-                        let page = unsafe { std::slice::from_raw_parts_mut((base + pg * PAGE) as *mut u8, PAGE) };
-                        if x & 3 == 0 {
-                            ver[pg] += 1;
-                            fill_version(page, pg, ver[pg]);
-                        } else {
-                            reads += 1;
-                            bad += !version_ok(page, pg, ver[pg]) as u64;
-                        }
-                    }
-                    (ver, reads, bad)
-                })
-            })
-            .collect();
+    // Two threads read and rewrite their pages while the file drains.
+    let (report, vers) = with_versioned_threads(r.as_ptr() as usize, n, 2, 4, 0x9e37_79b9_7f4a_7c15, "drain", || {
         std::thread::sleep(std::time::Duration::from_millis(20));
         let report = p.drain(tierswap::Tier::File).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
-        stop.store(true, Ordering::Relaxed);
-        let mut vers = vec![0u64; n];
-        for (t, w) in workers.into_iter().enumerate() {
-            let (ver, reads, bad) = w.join().unwrap();
-            assert_eq!(bad, 0, "thread {t} read a wrong byte during drain ({reads} reads)");
-            assert!(reads > 0);
-            for pg in (t..n).step_by(2) {
-                vers[pg] = ver[pg];
-            }
-        }
-        (report, vers)
+        report
     });
-    let (report, vers) = report;
     let st = p.stats();
     assert!(report.moved > before.file_pages / 2, "most file pages moved by the drain: {report:?} {before:?}");
     assert_eq!((report.left, report.unreadable), (0, 0), "{report:?}");
@@ -818,7 +837,6 @@ fn compaction_gives_sparse_spans_back_and_every_page_reads_back() {
 /// started. Without it none is started.
 #[test]
 fn faults_read_together_read_the_file_together() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     for batch in [8u32, 0] {
         let p = start(PagerConfig { file_batch_reads: batch, ..config(8 << 20, "zero,file", FaultMode::Thread, 1) });
         let (n, threads) = (8192usize, 6usize); // 32 MiB through an 8 MiB budget
@@ -827,47 +845,11 @@ fn faults_read_together_read_the_file_together() {
             fill_version(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg, 0);
         }
         p.evict_all();
-        let base = r.as_ptr() as usize;
-        let stop = AtomicBool::new(false);
-        let vers = std::thread::scope(|sc| {
-            let workers: Vec<_> = (0..threads)
-                .map(|t| {
-                    let stop = &stop;
-                    sc.spawn(move || {
-                        // Thread t owns the pages with pg % threads == t.
-                        let mut ver = vec![0u64; n];
-                        let mut x = 0x2545_f491_4f6c_dd1du64 ^ t as u64;
-                        let (mut reads, mut bad) = (0u64, 0u64);
-                        while !stop.load(Ordering::Relaxed) {
-                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                            let pg = ((x >> 33) as usize % (n / threads)) * threads + t;
-                            // SAFETY: page pg of the region, owned by this thread alone.
-                            let page = unsafe { std::slice::from_raw_parts_mut((base + pg * PAGE) as *mut u8, PAGE) };
-                            if x & 7 == 0 {
-                                ver[pg] += 1;
-                                fill_version(page, pg, ver[pg]);
-                            } else {
-                                reads += 1;
-                                bad += !version_ok(page, pg, ver[pg]) as u64;
-                            }
-                        }
-                        assert_eq!(bad, 0, "thread {t} read a wrong byte ({reads} reads, batch-reads {batch})");
-                        assert!(reads > 0);
-                        ver
-                    })
-                })
-                .collect();
-            std::thread::sleep(std::time::Duration::from_millis(1500));
-            stop.store(true, Ordering::Relaxed);
-            let mut vers = vec![0u64; n];
-            for (t, w) in workers.into_iter().enumerate() {
-                let ver = w.join().unwrap();
-                for pg in (t..n).step_by(threads) {
-                    vers[pg] = ver[pg];
-                }
-            }
-            vers
-        });
+        let what = format!("batch-reads {batch}");
+        let ((), vers) =
+            with_versioned_threads(r.as_ptr() as usize, n, threads, 8, 0x2545_f491_4f6c_dd1d, &what, || {
+                std::thread::sleep(std::time::Duration::from_millis(1500))
+            });
         let mem = r.as_slice();
         for pg in 0..n {
             assert!(
