@@ -4,7 +4,9 @@
 //!
 //! A fault thread serves one fault at a time under the pte lock, so a page is swapped in
 //! once however many threads touch it; a second message for the same page finds it present
-//! and only wakes the waiters. Nothing here allocates on the fault path: each thread owns
+//! and only wakes the waiters. The faults of several program threads read together still
+//! have their file reads in flight together ([`BatchReads`]): the reads go out ahead, the
+//! faults are served one by one. Nothing here allocates on the fault path: each thread owns
 //! its buffers.
 
 mod ahead;
