@@ -75,6 +75,21 @@ fn exit_codes_pass_through() {
     }
 }
 
+/// A program that exits takes its pager's control socket with it: `tierswap stat` does
+/// not list it after (the program sees the socket while it runs).
+#[test]
+fn a_program_that_exits_takes_its_control_socket_with_it() {
+    let dir = TestDir::new("socket");
+    let prog = compile(&dir, "status");
+    let control = dir.path("control");
+    let mut cmd = tierswap_run(&["--budget", "8M"], &prog, &["socket", control.to_str().unwrap()]);
+    cmd.env("TIERSWAP_CONTROL_DIR", &control);
+    let ran = run_to_end(cmd);
+    assert!(ran.status.success() && ran.stdout.contains("socket there"), "{}", ran.describe());
+    let left: Vec<_> = std::fs::read_dir(&control).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "sockets left after the program exited: {left:?}");
+}
+
 #[test]
 fn signals_pass_through() {
     let dir = TestDir::new("signals");

@@ -178,6 +178,10 @@ fn start_at_need(n: usize) {
     }
 }
 
+/// The control socket of this process's pager, taken away at exit ([`at_exit`]); a forked
+/// child that starts a pager of its own replaces it with its own.
+static CONTROL_SOCKET: std::sync::Mutex<Option<tierswap::control::BoundSocket>> = std::sync::Mutex::new(None);
+
 /// Starts a pager and its control socket and makes it this process's ([`CURRENT`]).
 fn start_pager(cfg: PagerConfig) -> Result<(), String> {
     // The descriptors the pager and its control socket open are kept open (see fds).
@@ -199,7 +203,7 @@ fn start_pager(cfg: PagerConfig) -> Result<(), String> {
         )
     };
     match control {
-        Ok(server) => std::mem::forget(server),
+        Ok(server) => *CONTROL_SOCKET.lock().unwrap_or_else(|e| e.into_inner()) = Some(server.run_until_exit()),
         Err(e) => {
             eprintln!("tierswap: no control socket for pid {} (`tierswap stat` cannot see it): {e}", std::process::id())
         }
@@ -528,6 +532,11 @@ extern "C" fn at_exit() {
     let stats = pager.stats();
     // The tree stops counting this process (its memory goes with it).
     pager.leave_tree();
+    // `tierswap stat` stops listing it (a process killed by a signal leaves its socket to
+    // the next run or `stat` that finds nobody listening).
+    if let Some(sock) = CONTROL_SOCKET.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        sock.remove();
+    }
     let (arena_bytes, large_live) = heap::usage();
     let mut doc = stats.to_json();
     if let Some(o) = doc.as_object_mut() {

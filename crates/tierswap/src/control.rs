@@ -208,9 +208,44 @@ impl ControlServer {
         Ok(ControlServer { path, ident, stop, thread: Some(thread) })
     }
 
+    /// Leaves the server running for the rest of the process (its thread is never joined)
+    /// and returns the name of its socket, for [`BoundSocket::remove`] at exit, where no
+    /// destructor runs.
+    pub fn run_until_exit(self) -> BoundSocket {
+        let bound = BoundSocket { path: self.path.clone(), ident: self.ident, pid: std::process::id() };
+        std::mem::forget(self);
+        bound
+    }
+
     /// The socket's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// The socket a server bound, named for taking it away at the process's exit
+/// ([`ControlServer::run_until_exit`]).
+#[derive(Debug)]
+pub struct BoundSocket {
+    path: PathBuf,
+    /// (dev, ino) of the socket bound.
+    ident: (u64, u64),
+    /// The process that bound it.
+    pid: u32,
+}
+
+impl BoundSocket {
+    /// Removes the socket if it is still the one bound, and this is the process that bound
+    /// it (a forked child holds a copy of this name and must leave its parent's socket be).
+    pub fn remove(&self) {
+        if self.pid != std::process::id() {
+            return;
+        }
+        if let Ok(m) = self.path.symlink_metadata() {
+            if (m.dev(), m.ino()) == self.ident {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
     }
 }
 

@@ -1,13 +1,15 @@
-/* Exit status passthrough. Usage: status exit N | status kill SIGNUM | status fill-and-check.
+/* Exit status passthrough. Usage: status exit N | status kill SIGNUM | status fill-and-check
+ * | status socket DIR (says whether DIR/<pid>.sock, the pager's control socket, is there).
  * Fills 16 MiB of managed memory first, so the pager is busy when the program ends. */
 #include "common.h"
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: status exit N | kill SIGNUM | fill-and-check\n");
+        fprintf(stderr, "usage: status exit N | kill SIGNUM | fill-and-check | socket DIR\n");
         return 2;
     }
     /* Unbuffered: a stdio buffer is malloc'd, so managed, and in signal mode a write(2)
@@ -27,6 +29,13 @@ int main(int argc, char **argv) {
         kill(getpid(), atoi(argv[2]));
         fprintf(stderr, "still alive after kill(self, %s)\n", argv[2]);
         return 98;
+    }
+    if (!strcmp(argv[1], "socket") && argc == 3) {
+        char path[4096];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%d.sock", argv[2], (int)getpid());
+        printf(stat(path, &st) == 0 ? "socket there\n" : "no socket\n");
+        return bad;
     }
     if (!strcmp(argv[1], "fill-and-check")) {
         if (!bad) printf("status ok\n");
