@@ -194,16 +194,17 @@ fn start_pager(cfg: PagerConfig) -> Result<(), String> {
     CURRENT.store(Box::into_raw(Box::new(new)), Ordering::Release);
     // The control socket serves `tierswap stat PID`; its thread is named `tierswap-control`,
     // so its allocations stay unmanaged like the pager's own. Without it the program still
-    // runs managed: say so once. It lives as long as the process.
+    // runs managed: say so once. It lives as long as the process; its socket goes at exit.
     let control = {
         let _inside = raw::InPager::enter();
         tierswap::control::ControlServer::start(
             || pager().map(|p| p.stats()).unwrap_or_default(),
             tierswap::control::ControlOptions::default(),
         )
+        .map(|server| *CONTROL_SOCKET.lock().unwrap_or_else(|e| e.into_inner()) = Some(server.run_until_exit()))
     };
     match control {
-        Ok(server) => *CONTROL_SOCKET.lock().unwrap_or_else(|e| e.into_inner()) = Some(server.run_until_exit()),
+        Ok(()) => {}
         Err(e) => {
             eprintln!("tierswap: no control socket for pid {} (`tierswap stat` cannot see it): {e}", std::process::id())
         }
