@@ -6,9 +6,11 @@ one JSON line each driver prints. Python 3.11 standard library only.
 """
 
 import argparse
+import atexit
 import json
 import os
 import shlex
+import shutil
 import socket
 import struct
 import subprocess
@@ -224,9 +226,22 @@ def publish(path, text):
     os.rename(tmp, path)
 
 
+# The directories publish_path made, removed when the script ends.
+_published = []
+
+
 def publish_path(tag):
-    """A fresh private path for a server to publish at."""
-    return os.path.join(tempfile.mkdtemp(prefix="tierswap-accept-fork-%s." % tag), "port")
+    """A fresh private path for a server to publish at, in a directory removed at exit (not
+    named tierswap-*: `tierswap stat` searches $TMPDIR/tierswap-* for control sockets)."""
+    d = tempfile.mkdtemp(prefix="accept-fork-%s." % tag)
+    _published.append(d)
+    return os.path.join(d, "port")
+
+
+@atexit.register
+def _remove_published():
+    for d in _published:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def start_server(argv):
