@@ -160,7 +160,7 @@ pub fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 /// the read ahead is used up. Otherwise (none, or it failed or came short) a read of its own.
 pub fn read_tagged(file: &File, buf: &mut [u8], offset: u64, tag: u64) -> io::Result<usize> {
     with_spinner(file, buf, offset, |sp, file, buf, offset| {
-        if let Some(n) = sp.take_ahead(file.as_raw_fd(), buf, offset, tag)? {
+        if let Some(n) = sp.take_ahead(file.as_raw_fd(), buf, offset, tag) {
             return Ok(Ok(n));
         }
         sp.read(file, buf, offset)
@@ -363,24 +363,24 @@ impl Spinner {
     /// Serves `buf` at `offset` of `fd` from a read ahead under `tag`, waiting for it if in
     /// flight: `Some(bytes)` if it held them all, `None` otherwise (the read ahead, used or
     /// not, is freed).
-    fn take_ahead(&mut self, fd: RawFd, buf: &mut [u8], offset: u64, tag: u64) -> io::Result<Option<usize>> {
-        let Some(i) = self.ahead.iter().position(|a| a.covers(fd, offset, buf.len(), tag)) else { return Ok(None) };
+    fn take_ahead(&mut self, fd: RawFd, buf: &mut [u8], offset: u64, tag: u64) -> Option<usize> {
+        let i = self.ahead.iter().position(|a| a.covers(fd, offset, buf.len(), tag))?;
         if self.ahead[i].state == AheadState::InFlight {
             self.wait_for(i as u64 + 1);
         }
         let a = self.ahead[i];
         self.ahead[i] = Ahead::FREE;
-        let AheadState::Done(res) = a.state else { return Ok(None) };
+        let AheadState::Done(res) = a.state else { return None };
         let at = (offset - a.offset) as usize;
         if res < 0 || (res as usize) < at + buf.len() {
-            return Ok(None);
+            return None;
         }
         // SAFETY: the read into slot i is reaped, so its buffer is ours; it read `res` ≥
         // at + buf.len() bytes.
         let src = unsafe { std::slice::from_raw_parts(self.ahead_buf(i).add(at), buf.len()) };
         buf.copy_from_slice(src);
         TAKEN.with(|t| t.set(t.get() + 1));
-        Ok(Some(buf.len()))
+        Some(buf.len())
     }
 }
 

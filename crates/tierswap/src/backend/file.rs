@@ -83,6 +83,12 @@ pub const fn record_bytes(len: usize) -> usize {
     round_up(RECORD_HEADER_BYTES + len, 16)
 }
 
+/// The IO-aligned file span `[from, to)` a read of file bytes `[lo, hi)` takes (O_DIRECT).
+/// A read ahead and the read it serves compute their spans here, so they match.
+fn io_span(lo: u64, hi: u64) -> (u64, u64) {
+    (lo - lo % IO_ALIGN as u64, round_up(hi as usize, IO_ALIGN) as u64)
+}
+
 fn record_crc(slot: u64, len: u16, payload: &[u8]) -> u32 {
     let c = crc32c::crc32c(&len.to_le_bytes());
     let c = crc32c::crc32c_append(c, &slot.to_le_bytes());
@@ -854,8 +860,7 @@ impl FileTier {
     ) -> Result<(), FileError> {
         let generation = self.generation_of(offset / self.unit_bytes as u64);
         let rec = record_bytes(len);
-        let start = offset - offset % IO_ALIGN as u64;
-        let end = round_up((offset + rec as u64) as usize, IO_ALIGN) as u64;
+        let (start, end) = io_span(offset, offset + rec as u64);
         let window = (end - start) as usize;
         assert!(window <= scratch.len(), "read scratch too small");
         let buf = &mut scratch.as_mut_slice()[..window];
@@ -891,8 +896,8 @@ impl FileTier {
         debug_assert!(need.0 < need.1 && within(need, block), "need {need:?} outside block {block:?}");
         // Whether a read of [lo, hi) (IO-aligned) fits the buffer and two units.
         let fits = |(lo, hi): (u64, u64)| {
-            let from = lo - lo % IO_ALIGN as u64;
-            (hi - 1) / ub <= lo / ub + 1 && round_up(hi as usize, IO_ALIGN) as u64 - from <= cap
+            let (from, to) = io_span(lo, hi);
+            (hi - 1) / ub <= lo / ub + 1 && to - from <= cap
         };
         if !fits(need) {
             return Ok(0);
@@ -909,8 +914,7 @@ impl FileTier {
         // The record's own span read ahead (faults read together, `read_ahead_record`) is
         // taken as it is: a larger read now would wait for the disk again.
         let ahead = (need.1 - 1) / ub == need.0 / ub && {
-            let from = need.0 - need.0 % IO_ALIGN as u64;
-            let to = round_up(need.1 as usize, IO_ALIGN) as u64;
+            let (from, to) = io_span(need.0, need.1);
             crate::ioring::holds_ahead(&self.file, from, (to - from) as usize, need_now[0])
         };
         let wider = !ahead && (cache.whole || cache.whole_pays || cache.block_pays);
@@ -1013,8 +1017,7 @@ impl FileTier {
         for_record: u64,
         tag: Option<u64>,
     ) -> Result<(u32, u64), FileError> {
-        let from = lo - lo % IO_ALIGN as u64;
-        let to = round_up(hi as usize, IO_ALIGN) as u64;
+        let (from, to) = io_span(lo, hi);
         cache.end = cache.start;
         let want = (to - from) as usize;
         let taken = crate::ioring::aheads_taken();
@@ -1043,8 +1046,7 @@ impl FileTier {
         if !still_there() {
             return false;
         }
-        let from = offset - offset % IO_ALIGN as u64;
-        let to = round_up(end as usize, IO_ALIGN) as u64;
+        let (from, to) = io_span(offset, end);
         crate::ioring::read_ahead(&self.file, from, (to - from) as usize, generation)
     }
 
