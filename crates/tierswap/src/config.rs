@@ -408,7 +408,7 @@ pub struct PagerConfig {
     /// as they are served, the thread reads the faults queued since and starts theirs. The
     /// disk here serves 4 KiB random reads ~2.5× as fast four at a time as one at a time;
     /// four to sixteen threads faulting on the file at random were served 1.3–2× as fast,
-    /// memcached's requests 1.15–1.27× (docs/lab/batch-reads/). 0 reads one fault's record
+    /// memcached's uniform requests 1.23–1.36× (docs/lab/batch-reads/). 0 reads one fault's record
     /// at a time. At most `MAX_BATCH_READS`; needs `file_read_spin_us` > 0.
     pub file_batch_reads: u32,
     /// Nice value (0 to 19) of the reclaim and writeback threads. Above the fault threads'
