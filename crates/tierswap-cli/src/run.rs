@@ -47,10 +47,12 @@ in memory and a disk file (unlinked, 0600, encrypted) and come back on the next 
 Managed: anonymous private mmaps of at least --min-size, read-write or PROT_NONE (a \
 runtime's reservation: the JVM's heap, Go's arenas, V8's pages; what it commits in it \
 with mmap MAP_FIXED or mprotect is managed at once, what it uncommits is given back); \
-and malloc, calloc, \
+smaller read-write ones asked for without an address, in thread mode, a page at a time \
+from managed 1 GiB zones (Ruby's heap pages; munmap gives them back to the zone, mremap \
+stays in it or copies out); and malloc, calloc, \
 realloc, posix_memalign, aligned_alloc, memalign, valloc (--malloc all: every size, from \
 the shim's own heap on managed memory; --malloc large: only sizes of at least --min-size; \
---malloc off: none). munmap, mremap and madvise pass through and the pager follows them \
+--malloc off: none). munmap, mremap and madvise otherwise pass through and the pager follows them \
 (MADV_FREE on managed memory becomes MADV_DONTNEED).
 
 Not managed: file mappings, shared memory (MAP_SHARED, shm, memfd), thread stacks, \
@@ -132,7 +134,8 @@ pub struct RunArgs {
     /// Directory of the swap file (default $TMPDIR or /tmp).
     #[arg(long)]
     swap_dir: Option<PathBuf>,
-    /// Smallest mmap that is managed (and, with --malloc large, smallest malloc).
+    /// Smallest mmap that gets a managed mapping of its own; smaller read-write ones come from
+    /// managed zones in thread mode (and, with --malloc large, the smallest malloc managed).
     #[arg(long, default_value = "256K")]
     min_size: String,
     /// Which mallocs are managed: all, large (at least --min-size) or off.

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use libc::{c_int, c_void, off_t, size_t};
 
 use crate::heap::{self, Owner, SMALL_MAX};
-use crate::{fds, raw};
+use crate::{commit_in_place, fds, protect, raw, zones};
 use crate::{managing_for, MALLOC_ALL, MALLOC_LARGE, MALLOC_MODE, MIN_SIZE, REALLOC_MREMAP};
 
 const PAGE: usize = 4096;
@@ -26,6 +26,9 @@ enum MmapKind {
     /// or none: a runtime committing or uncommitting part of its reservation. Done in place
     /// (see [`commit_in_place`]).
     InPlace,
+    /// A small one (read-write, below the minimum size, no address): pages of a zone
+    /// (see [`zones`]) when there is room.
+    Small,
     /// Everything else: the kernel's.
     Kernel,
 }
@@ -48,6 +51,16 @@ fn mmap_kind(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_in
     {
         return MmapKind::Managed;
     }
+    if anon
+        && rest == ANON
+        && prot == RW
+        && addr.is_null()
+        && len < MIN_SIZE.load(Ordering::Relaxed)
+        && zones::enabled()
+        && managing_for(len)
+    {
+        return MmapKind::Small;
+    }
     MmapKind::Kernel
 }
 
@@ -66,47 +79,6 @@ fn map_fresh(addr: *mut c_void, len: size_t, prot: c_int) -> Option<*mut c_void>
     Some(p as *mut c_void)
 }
 
-/// [`MmapKind::InPlace`]: a fixed anonymous mapping replaces what was there with zero pages
-/// under `prot`. Over managed memory that is MADV_DONTNEED (the pager frees the slots
-/// through the REMOVE event; the next touch reads zeros) and mprotect, which keeps the
-/// range registered: a runtime's commits into its reservation (JVM, Go, V8) become managed
-/// memory at once, and its uncommits give everything back. False when either call fails
-/// (part of the range not mapped): the caller lets the kernel do it.
-fn commit_in_place(addr: usize, len: usize, prot: c_int) -> bool {
-    let len = len.div_ceil(PAGE) * PAGE;
-    // SAFETY: the program asked for the range to be replaced by fresh zero pages.
-    if unsafe { raw::madvise(addr, len, libc::MADV_DONTNEED) } != 0 {
-        return false;
-    }
-    // SAFETY: the program asked for this protection of the range.
-    unsafe { protect(addr, len, prot) == 0 }
-}
-
-/// mprotect(2) with the pager told (mm/protect.rs): before the call when the pages stop
-/// being read-write (reclaim must not take a failed move for a bug while the call is under
-/// way), after it when they become read-write (fault-around must not reach pages the
-/// program cannot touch yet). A failed call leaves read-write pages noted as not, which
-/// only keeps them present.
-///
-/// # Safety
-/// As [`raw::mprotect`].
-unsafe fn protect(addr: usize, len: usize, prot: c_int) -> c_int {
-    if len == 0 {
-        // SAFETY: the caller's call, unchanged.
-        return unsafe { raw::mprotect(addr, len, prot) };
-    }
-    let rw = prot & (RW | libc::PROT_EXEC) == RW;
-    if !rw {
-        crate::note_protection(addr, len, prot);
-    }
-    // SAFETY: the caller accepts the new protection.
-    let r = unsafe { raw::mprotect(addr, len, prot) };
-    if rw && r == 0 {
-        crate::note_protection(addr, len, prot);
-    }
-    r
-}
-
 /// mmap(2): see [`MmapKind`].
 #[no_mangle]
 pub extern "C" fn mmap(
@@ -123,7 +95,15 @@ pub extern "C" fn mmap(
                 return p;
             }
         }
-        MmapKind::InPlace if commit_in_place(addr as usize, len, prot) => return addr,
+        MmapKind::Small => {
+            if let Some(p) = zones::map(len) {
+                return p as *mut c_void;
+            }
+        }
+        MmapKind::InPlace if commit_in_place(addr as usize, len, prot) => {
+            zones::note_fixed(addr as usize, len);
+            return addr;
+        }
         _ => {}
     }
     // SAFETY: the program's own mmap call, forwarded unchanged.
@@ -152,14 +132,19 @@ pub extern "C" fn mmap64(
 }
 
 /// munmap(2), passed through: the pager follows through its userfaultfd (UNMAP event).
+/// Pages of a zone are given back to it instead (see [`zones`]).
 #[no_mangle]
 pub extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    if let Some(r) = zones::munmap(addr as usize, len) {
+        return raw::syscall_result(r as isize) as c_int;
+    }
     // SAFETY: the program's own munmap call, forwarded unchanged.
     raw::syscall_result(unsafe { raw::munmap(addr as usize, len) } as isize) as c_int
 }
 
-/// mremap(2), passed through: the pager follows (REMAP event). C declares it variadic; the
-/// fifth argument is only read by the kernel with MREMAP_FIXED, when the caller passed it.
+/// mremap(2), passed through: the pager follows (REMAP event); a zone's mapping is remapped
+/// inside the zone or copied out (see [`zones`]). C declares it variadic; the fifth
+/// argument is only read by the kernel with MREMAP_FIXED, when the caller passed it.
 #[no_mangle]
 pub extern "C" fn mremap(
     old: *mut c_void,
@@ -169,6 +154,9 @@ pub extern "C" fn mremap(
     new_addr: *mut c_void,
 ) -> *mut c_void {
     let new_addr = if flags & libc::MREMAP_FIXED != 0 { new_addr as usize } else { 0 };
+    if let Some(r) = zones::mremap(old as usize, old_len, new_len, flags, new_addr) {
+        return raw::syscall_result(r) as *mut c_void;
+    }
     let page = |n: usize| n.div_ceil(4096) * 4096;
     let grows = page(new_len) > page(old_len) && crate::is_managed(old as usize);
     // SAFETY: the program's own mremap call, forwarded unchanged.

@@ -12,15 +12,20 @@
 //!   managed memory at once; a fixed anonymous mapping inside managed memory is done in
 //!   place (MADV_DONTNEED + mprotect: the same zero pages, the registration kept), and
 //!   every `mprotect` of managed memory is told to the pager (pages that are not read-write
-//!   cannot be staged, see `tierswap::mm::protect`). Everything else (files, shared, fixed
-//!   elsewhere, executable, stacks, small) goes to the kernel untouched.
+//!   cannot be staged, see `tierswap::mm::protect`).
+//! - smaller read-write ones asked for without an address, in thread mode: pages of a
+//!   managed zone (see [`zones`]; Ruby's 16 KiB heap pages).
+//!
+//! Everything else (files, shared, fixed elsewhere, executable, stacks, small with an
+//! address or in signal mode) goes to the kernel untouched.
 //! - the malloc family (`TIERSWAP_MALLOC`, default `all`): glibc's malloc uses the brk heap
 //!   and an internal mmap the shim cannot see, so the shim serves malloc itself from
 //!   managed memory (see [`heap`]). `large` manages only allocations of at least the
 //!   minimum size (glibc keeps the rest); `off` leaves malloc to glibc.
 //!
 //! `munmap`, `mremap` and `madvise` pass through to the kernel (raw syscalls) and the pager
-//! follows them through userfaultfd events; the one rewrite is MADV_FREE on managed memory,
+//! follows them through userfaultfd events (zone pages excepted: they go back to their
+//! zone); the one rewrite is MADV_FREE on managed memory,
 //! which becomes MADV_DONTNEED: a lazily freed page stays mapped until the kernel feels
 //! memory pressure, so the pager would count it as present, and could not tell whether the
 //! program's next read should see the old bytes or zeros.
@@ -65,6 +70,7 @@ pub mod heap;
 #[cfg(not(test))]
 mod interpose;
 pub mod raw;
+pub mod zones;
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -256,6 +262,48 @@ pub(crate) fn note_protection(addr: usize, len_bytes: usize, prot: i32) {
     }
 }
 
+/// A fixed anonymous mapping (`interpose::mmap`) replaces what was there with zero pages
+/// under `prot`. Over managed memory that is MADV_DONTNEED (the pager frees the slots
+/// through the REMOVE event; the next touch reads zeros) and mprotect, which keeps the
+/// range registered: a runtime's commits into its reservation (JVM, Go, V8) become managed
+/// memory at once, and its uncommits give everything back. False when either call fails
+/// (part of the range not mapped): the caller lets the kernel do it.
+pub(crate) fn commit_in_place(addr: usize, len: usize, prot: i32) -> bool {
+    let len = len.div_ceil(4096) * 4096;
+    // SAFETY: the program asked for the range to be replaced by fresh zero pages.
+    if unsafe { raw::madvise(addr, len, libc::MADV_DONTNEED) } != 0 {
+        return false;
+    }
+    // SAFETY: the program asked for this protection of the range.
+    unsafe { protect(addr, len, prot) == 0 }
+}
+
+/// mprotect(2) with the pager told (mm/protect.rs): before the call when the pages stop
+/// being read-write (reclaim must not take a failed move for a bug while the call is under
+/// way), after it when they become read-write (fault-around must not reach pages the
+/// program cannot touch yet). A failed call leaves read-write pages noted as not, which
+/// only keeps them present.
+///
+/// # Safety
+/// As [`raw::mprotect`].
+pub(crate) unsafe fn protect(addr: usize, len: usize, prot: i32) -> i32 {
+    if len == 0 {
+        // SAFETY: the caller's call, unchanged.
+        return unsafe { raw::mprotect(addr, len, prot) };
+    }
+    const RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
+    let rw = prot & (RW | libc::PROT_EXEC) == RW;
+    if !rw {
+        note_protection(addr, len, prot);
+    }
+    // SAFETY: the caller accepts the new protection.
+    let r = unsafe { raw::mprotect(addr, len, prot) };
+    if rw && r == 0 {
+        note_protection(addr, len, prot);
+    }
+    r
+}
+
 /// Whether `[addr, addr + len_bytes)` lies inside one managed mapping (see [`is_managed`]).
 pub(crate) fn inside_one_mapping(addr: usize, len_bytes: usize) -> bool {
     if len_bytes == 0 || !managing() {
@@ -355,6 +403,8 @@ extern "C" fn init() {
     };
     if cfg.fault_mode == tierswap::FaultMode::Signal {
         find_libc_text();
+    } else {
+        zones::enable();
     }
     // A process that started a pager, then exec'd this program, left a row its pager no
     // longer backs (start_image frees it). The tree's root starts its pager now; an exec'd
@@ -503,9 +553,11 @@ fn find_libc_usable_size() {
 
 extern "C" fn fork_prepare() {
     heap::lock_all();
+    zones::lock();
 }
 
 extern "C" fn fork_parent() {
+    zones::unlock();
     heap::unlock_all();
 }
 
@@ -519,6 +571,8 @@ extern "C" fn fork_child() {
     WAITING_BYTES.store(0, Ordering::Relaxed);
     STARTING.store(false, Ordering::Relaxed);
     STATE.store(if own { STATE_WAITING } else { STATE_CHILD }, Ordering::Release);
+    zones::unlock();
+    zones::forked();
     heap::unlock_all();
 }
 

@@ -28,7 +28,7 @@ extern "C" {
 /// As mmap(2): a MAP_FIXED mapping replaces whatever was there.
 pub unsafe fn mmap(addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> isize {
     // SAFETY: the caller upholds mmap(2)'s contract; the syscall returns -errno on failure.
-    unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as isize }
+    kernel_result(unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) })
 }
 
 /// `munmap` as the kernel sees it.
@@ -37,7 +37,7 @@ pub unsafe fn mmap(addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off:
 /// Nothing may use the range afterwards.
 pub unsafe fn munmap(addr: usize, len: usize) -> i32 {
     // SAFETY: the caller gives up the range.
-    unsafe { libc::syscall(libc::SYS_munmap, addr, len) as i32 }
+    kernel_result(unsafe { libc::syscall(libc::SYS_munmap, addr, len) }) as i32
 }
 
 /// `madvise` as the kernel sees it.
@@ -46,7 +46,7 @@ pub unsafe fn munmap(addr: usize, len: usize) -> i32 {
 /// Destructive advice (DONTNEED, FREE, REMOVE) throws the range's contents away.
 pub unsafe fn madvise(addr: usize, len: usize, advice: i32) -> i32 {
     // SAFETY: the caller accepts the advice's effect on the range.
-    unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) as i32 }
+    kernel_result(unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) }) as i32
 }
 
 /// `mprotect` as the kernel sees it.
@@ -55,7 +55,7 @@ pub unsafe fn madvise(addr: usize, len: usize, advice: i32) -> i32 {
 /// Accesses the new protection forbids fault (SIGSEGV) afterwards.
 pub unsafe fn mprotect(addr: usize, len: usize, prot: i32) -> i32 {
     // SAFETY: the caller accepts the new protection of the range.
-    unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) as i32 }
+    kernel_result(unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) }) as i32
 }
 
 /// `mremap` as the kernel sees it (`new_addr` only read with MREMAP_FIXED).
@@ -64,7 +64,20 @@ pub unsafe fn mprotect(addr: usize, len: usize, prot: i32) -> i32 {
 /// The old range is gone (or moved) afterwards.
 pub unsafe fn mremap(old: usize, old_len: usize, new_len: usize, flags: i32, new_addr: usize) -> isize {
     // SAFETY: the caller gives up the old range.
-    unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) as isize }
+    kernel_result(unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) })
+}
+
+/// The kernel's answer as it gave it: the result, or `-errno`. libc's `syscall()` has
+/// already turned a failure into -1 and set errno; taking -1 for `-EPERM` made every
+/// failed call the shim passes through report EPERM (a program waiting for EEXIST from
+/// MAP_FIXED_NOREPLACE, or ENOMEM from an mremap that cannot grow in place, saw EPERM).
+fn kernel_result(r: libc::c_long) -> isize {
+    if r == -1 {
+        // SAFETY: __errno_location is this thread's errno, always valid.
+        -(unsafe { *libc::__errno_location() } as isize)
+    } else {
+        r as isize
+    }
 }
 
 /// Turns a raw syscall's `-errno` into libc's convention: errno set, `-1` returned.
