@@ -100,6 +100,18 @@ static void die(const char *what) {
     exit(99);
 }
 
+/* This process's resident memory (VmRSS), KiB. */
+static inline long rss_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) die("open /proc/self/status");
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+    fclose(f);
+    return kib;
+}
+
 static inline uint8_t *xmalloc(size_t n) {
     uint8_t *p = malloc(n);
     if (!p) die("malloc");

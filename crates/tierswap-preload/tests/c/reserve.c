@@ -21,17 +21,6 @@
  * every byte right. */
 #include "common.h"
 
-static long rss_kib(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) die("open /proc/self/status");
-    char line[256];
-    long kib = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
-    fclose(f);
-    return kib;
-}
-
 static void *xmap(void *addr, size_t n, int prot, int flags) {
     void *p = mmap(addr, n, prot, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
     if (p == MAP_FAILED) die("mmap");
