@@ -193,6 +193,10 @@ counters! {
     /// Pages reclaim left present because the program made them other than plain
     /// read-write (mprotect): UFFDIO_MOVE wants equal protections (mm/protect.rs).
     stage_skipped_protected,
+    /// Pages a staging move refused as shared (EBUSY: present at a fork and only read since,
+    /// the kernel keeps them marked shared) that reclaim then made the process's own again
+    /// with a pinning read, once no child was left (reclaim/stage.rs, `unshare_busy`).
+    stage_unshared,
     /// Pages of forked children served from the parent's swap.
     child_faults,
     /// Swapped pages a fork shared with the child by slot (a swap count more).

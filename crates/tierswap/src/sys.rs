@@ -360,6 +360,13 @@ pub fn is_resident(addr: usize) -> bool {
     r == 0 && vec & 1 == 1
 }
 
+/// Whether a seccomp filter applies to this thread (`Seccomp: 2` in its status; true when
+/// the status cannot be read).
+pub fn seccomp_filtered() -> bool {
+    std::fs::read_to_string("/proc/thread-self/status")
+        .map_or(true, |st| st.lines().any(|l| l.starts_with("Seccomp:") && l.trim_end().ends_with('2')))
+}
+
 /// Fills `out[k]` with whether page `k` of the range at `addr` (page-aligned, in a mapping
 /// of ours) is resident, with one mincore. False everywhere if mincore fails.
 pub fn residency(addr: usize, out: &mut [bool]) {

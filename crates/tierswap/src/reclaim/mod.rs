@@ -47,6 +47,8 @@ const SPAN_BLOCKS: usize = 16;
 const RELEASE_BLOCKS: usize = 8;
 /// Ranges per process_madvise (the kernel takes up to UIO_MAXIOV = 1024).
 const RELEASE_RANGES: usize = 64;
+/// Shared pages staging notes for one pinning read (`stage.rs`, `unshare_busy`).
+const UNSHARE_BATCH: usize = 64;
 
 struct Reclaim {
     s: Arc<Shared>,
@@ -79,6 +81,9 @@ struct Reclaim {
     windows: [Option<usize>; 2],
     /// The last staging run through each window, to name a page found left in it.
     last_runs: [RunLog; 2],
+    /// Pages staging found shared (EBUSY), to make the process's own again
+    /// (`stage.rs`, `unshare_busy`); at most [`UNSHARE_BATCH`].
+    busy: Vec<usize>,
     warned_window: bool,
 }
 
@@ -168,6 +173,7 @@ impl Reclaim {
             last_activate: 0,
             last_steal: 0,
             windows: [None; 2],
+            busy: Vec::with_capacity(UNSHARE_BATCH),
             last_runs: [RunLog::default(); 2],
             warned_window: false,
         })
@@ -243,6 +249,8 @@ impl Reclaim {
                 // reserve one more, for the direct reclaimers evicting beside us.
                 let ahead = self.s.config.stage_ahead && staged < STAGE_RESERVE_PAGES;
                 progress += self.deactivate(if ahead { 2 * BATCH_BLOCKS } else { BATCH_BLOCKS });
+                // Outside every lock of the pager's: the read may fault (see there).
+                self.unshare_busy();
             }
             progress += self.evict(BATCH_BLOCKS);
             self.notify_room();

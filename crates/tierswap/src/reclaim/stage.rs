@@ -421,7 +421,7 @@ impl Reclaim {
     /// skipped (left present, or None where the program dropped it), or that the window
     /// held a foreign page. `again` counts EAGAINs without progress.
     fn after_move_error(
-        &self,
+        &mut self,
         r: &RegionInner,
         (i, to): (usize, usize),
         taken: usize,
@@ -433,7 +433,12 @@ impl Reclaim {
         let done = taken.max(e.done_bytes() / PAGE_SIZE);
         let at = i + done;
         let skip = match e {
-            uffd::Error::Busy { .. } => Some(PteState::Present),
+            uffd::Error::Busy { .. } => {
+                if self.busy.len() < self.busy.capacity() {
+                    self.busy.push(r.page_addr(at));
+                }
+                Some(PteState::Present)
+            }
             // An event about this range is in hand: its handler settles these ptes.
             uffd::Error::Again { .. } if self.s.is_leaving(r) => Some(PteState::Present),
             uffd::Error::Again { .. } if *again < 8 => {
@@ -499,6 +504,67 @@ impl Reclaim {
             }
         }
         self.windows[r.clean_tracking as usize] = None;
+    }
+
+    /// Makes the pages staging found shared the process's own again, so that the next pass
+    /// can move them. A page present at a fork loses its exclusive mark in the kernel, and
+    /// only a write fault sets it again, even once the child is gone: a process that only
+    /// reads a page after a fork keeps it out of UFFDIO_MOVE's reach (EBUSY) for good. A
+    /// read that pins the page (`process_vm_readv` of this process, which pins the pages
+    /// it reads) takes the kernel's unshare path instead: the mark comes back, the pte and
+    /// its write protection stay as they were, no byte changes. Done only when no child is
+    /// left: with one alive, unsharing copies the page for this process and frees nothing;
+    /// the pages noted wait for then.
+    /// Called with no lock of the pager's held: a page the program dropped since its move
+    /// failed faults here like a program access (mincore first makes that rare), and a
+    /// fault thread serves it while this thread holds nothing anyone waits for. Not under a
+    /// seccomp filter: one a sandboxing program applied to every thread could kill the
+    /// process on a system call it did not expect.
+    pub(super) fn unshare_busy(&mut self) {
+        if self.busy.is_empty() {
+            return;
+        }
+        if self.s.fork.children.live() > 0 {
+            // Kept for when the children are gone (the list holds the first it met).
+            return;
+        }
+        if crate::sys::seccomp_filtered() {
+            // A sandboxing program's filter may kill on a call it does not expect.
+            self.busy.clear();
+            return;
+        }
+        let mut bytes = [0u8; super::UNSHARE_BATCH];
+        let mut local = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; super::UNSHARE_BATCH];
+        let mut remote = local;
+        let mut n = 0;
+        for &addr in &self.busy {
+            let mut resident = [false];
+            crate::sys::residency(addr, &mut resident);
+            if resident[0] {
+                local[n] = libc::iovec { iov_base: bytes[n..].as_mut_ptr().cast(), iov_len: 1 };
+                remote[n] = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: 1 };
+                n += 1;
+            }
+        }
+        self.busy.clear();
+        if n == 0 {
+            return;
+        }
+        // SAFETY: `local` points at `bytes`, ours; `remote` names one byte of each page in this
+        // process, which the kernel reads (or fails on with EFAULT) without writing it.
+        let read = unsafe {
+            libc::process_vm_readv(
+                libc::getpid(),
+                local.as_ptr(),
+                n as libc::c_ulong,
+                remote.as_ptr(),
+                n as libc::c_ulong,
+                0,
+            )
+        };
+        if read > 0 {
+            self.s.counters.stage_unshared.fetch_add(read as u64, Ordering::Relaxed);
+        }
     }
 
     /// Unlocks page `i`, which a move could not take: as it is, or None (with its kept slot
