@@ -676,6 +676,27 @@ fn fork_child_sees_the_parent_memory_at_fork() {
     eprintln!("{}", ran.stdout.trim());
 }
 
+/// A forked child that execs at once does not keep its server thread in the parent for
+/// long (forkexec.c: 20 × fork, exec /bin/true, wait, 20 ms, count the parent's
+/// `tierswap-child` threads). A server asked whether its child was gone only every 100 ms,
+/// so a shell forking every 2 ms carried ~50 of them, which every later fork copied and
+/// every child's exec tore down: this sum was 74; the servers now ask after 1 ms, then
+/// back off.
+#[test]
+fn a_child_that_execs_does_not_keep_its_server() {
+    let dir = TestDir::new("forkexec-servers");
+    let prog = compile(&dir, "forkexec");
+    let ran = run_to_end(tierswap_run(&["--budget", "8M"], &prog, &[]));
+    assert!(ran.status.success() && ran.stdout.contains("forkexec ok"), "{}", ran.describe());
+    let lingering: u32 = ran
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("lingering "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count: {}", ran.stdout));
+    assert!(lingering <= 5, "servers of children long gone were still running: {lingering} over 20 looks");
+}
+
 /// fork+exec from a managed program: the exec'd program gets a pager of its own (it writes
 /// its own stats) and checks its own memory; the parent's memory is intact after; /bin/true,
 /// which never needs a pager, starts none.
