@@ -14,10 +14,9 @@
 //!   every `mprotect` of managed memory is told to the pager (pages that are not read-write
 //!   cannot be staged, see `tierswap::mm::protect`).
 //! - smaller read-write ones asked for without an address, in thread mode: pages of a
-//!   managed zone (see [`zones`]; Ruby's 16 KiB heap pages).
-//!
-//! Everything else (files, shared, fixed elsewhere, executable, stacks, small with an
-//! address or in signal mode) goes to the kernel untouched.
+//!   managed zone (see [`zones`]; Ruby's 16 KiB heap pages). Every other mmap (files,
+//!   shared, fixed elsewhere, executable, stacks, small with an address or in signal mode)
+//!   goes to the kernel untouched.
 //! - the malloc family (`TIERSWAP_MALLOC`, default `all`): glibc's malloc uses the brk heap
 //!   and an internal mmap the shim cannot see, so the shim serves malloc itself from
 //!   managed memory (see [`heap`]). `large` manages only allocations of at least the
@@ -25,10 +24,10 @@
 //!
 //! `munmap`, `mremap` and `madvise` pass through to the kernel (raw syscalls) and the pager
 //! follows them through userfaultfd events (zone pages excepted: they go back to their
-//! zone); the one rewrite is MADV_FREE on managed memory,
-//! which becomes MADV_DONTNEED: a lazily freed page stays mapped until the kernel feels
-//! memory pressure, so the pager would count it as present, and could not tell whether the
-//! program's next read should see the old bytes or zeros.
+//! zone); the one rewrite is MADV_FREE on managed memory, which becomes MADV_DONTNEED: a
+//! lazily freed page stays mapped until the kernel feels memory pressure, so the pager
+//! would count it as present, and could not tell whether the program's next read should
+//! see the old bytes or zeros.
 //!
 //! Start-up: the pager is created in an `.init_array` constructor, before `main` and
 //! before any other library's constructor can allocate much. Why not lazily on the first

@@ -538,9 +538,7 @@ impl Reclaim {
         let mut remote = local;
         let mut n = 0;
         for &addr in &self.busy {
-            let mut resident = [false];
-            crate::sys::residency(addr, &mut resident);
-            if resident[0] {
+            if crate::sys::is_resident(addr) {
                 local[n] = libc::iovec { iov_base: bytes[n..].as_mut_ptr().cast(), iov_len: 1 };
                 remote[n] = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: 1 };
                 n += 1;
