@@ -95,6 +95,13 @@ static STARTING: AtomicBool = AtomicBool::new(false);
 /// A waiting process starts its pager once it has allocated this much (4 MiB): below it, a
 /// child that only prepares an exec, or a short helper, never pays for a pager.
 pub const START_AFTER_BYTES: usize = 4 << 20;
+/// …or, a forked child, at its first allocation this long after the fork (20 ms): a child
+/// that has neither exec'd nor exited by then is a worker (a BGSAVE, a prefork server's),
+/// and its own pager takes over what it reads of what it inherited. Started at its first
+/// need only, a BGSAVE child of redis had read 15 MiB of its parent's data before.
+pub const START_AFTER_MS: u64 = 20;
+/// CLOCK_MONOTONIC at the fork, in ms (a forked child's).
+static FORKED_AT_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// How much of malloc the shim serves.
 pub(crate) const MALLOC_OFF: u8 = 0;
@@ -155,20 +162,36 @@ fn start_at_need(n: usize) {
         return;
     }
     let asked = WAITING_BYTES.fetch_add(n, Ordering::Relaxed).saturating_add(n);
-    if n < MIN_SIZE.load(Ordering::Relaxed) && asked < START_AFTER_BYTES {
+    let forked_at = FORKED_AT_MS.load(Ordering::Relaxed);
+    let worker = forked_at != 0 && monotonic_ms().saturating_sub(forked_at) >= START_AFTER_MS;
+    if n < MIN_SIZE.load(Ordering::Relaxed) && asked < START_AFTER_BYTES && !worker {
         return;
     }
     if STARTING.swap(true, Ordering::AcqRel) {
         return;
     }
     let Some(cfg) = CONFIG.get().cloned() else { return };
+    let mut inherited = None;
     if FORKED.load(Ordering::Relaxed) {
         // The inherited spans are the parent's arenas, served by its pager: new objects go
         // to arenas of this process's own pager.
         heap::start_afresh();
+        // What it inherited comes over to this process's pager piece by piece, as it
+        // takes it in (the parent's server grants it through this link).
+        let _inside = raw::InPager::enter();
+        inherited = pager().and_then(|parent| parent.link_to_parent());
     }
     match start_pager(cfg) {
         Ok(()) => {
+            if let (Some(link), Some(own)) = (inherited, pager()) {
+                let _inside = raw::InPager::enter();
+                if let Err(e) = own.take_over_inherited(link) {
+                    eprintln!(
+                        "tierswap: pid {}: {e}; what it inherited stays its parent's to serve",
+                        std::process::id()
+                    );
+                }
+            }
             OWNER_PID.store(std::process::id() as usize, Ordering::Relaxed);
             STATE.store(STATE_READY, Ordering::Release);
             if SETTINGS.get().is_some_and(|s| s.log) {
@@ -551,6 +574,12 @@ fn find_libc_usable_size() {
 }
 
 extern "C" fn fork_prepare() {
+    if FORKED.load(Ordering::Relaxed) && STATE.load(Ordering::Acquire) == STATE_WAITING {
+        // A child without a pager yet: its link to its parent's server stays its own.
+        if let Some(parent) = pager() {
+            parent.claim_link_before_fork();
+        }
+    }
     heap::lock_all();
     zones::lock();
 }
@@ -568,11 +597,20 @@ extern "C" fn fork_child() {
     let own = matches!(state, STATE_READY | STATE_WAITING)
         && CONFIG.get().is_some_and(|c| c.tree.is_some() && c.fault_mode == tierswap::FaultMode::Thread);
     WAITING_BYTES.store(0, Ordering::Relaxed);
+    FORKED_AT_MS.store(monotonic_ms(), Ordering::Relaxed);
     STARTING.store(false, Ordering::Relaxed);
     STATE.store(if own { STATE_WAITING } else { STATE_CHILD }, Ordering::Release);
     zones::unlock();
     zones::forked();
     heap::unlock_all();
+}
+
+/// CLOCK_MONOTONIC in ms. Async-signal-safe (a fork handler reads it).
+fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the live timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 /// At exit: the stats file (`TIERSWAP_STATS_ON_EXIT`, `%p` becomes the pid) and the log line.

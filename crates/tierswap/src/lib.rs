@@ -60,6 +60,6 @@ pub use config::{
     parse_size, parse_tiers, Compressor, FaultMode, Hint, PagerConfig, RemoteConfig, SwapinPolicy, Tiers,
 };
 pub use mm::{Error, Result};
-pub use pager::{Pager, Region, Tier};
+pub use pager::{Pager, ParentLink, Region, Tier};
 pub use stats::Stats;
 pub use writeback::DrainReport;

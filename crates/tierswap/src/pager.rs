@@ -57,6 +57,9 @@ impl Drop for Threads {
     }
 }
 
+/// A forked child's link to the server of its parent's pager ([`Pager::link_to_parent`]).
+pub struct ParentLink(std::os::fd::OwnedFd);
+
 /// A storage tier that can be drained.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -152,6 +155,38 @@ impl Pager {
         let r = s.new_region_at(addr, len_bytes / PAGE_SIZE, hint, mode, true)?;
         s.enter_region(r);
         Ok(())
+    }
+
+    /// In a forked child, called on the child's copy of its parent's pager (thread mode, in
+    /// a tree): links the child to that pager's server for the child, which then grants
+    /// the memory the child inherited, piece by piece, to the child's own pager (give the
+    /// link to [`Pager::take_over_inherited`]). `None` when there is no such server to
+    /// reach; the inherited memory then stays served by the parent's pager, as it is
+    /// until the grants.
+    pub fn link_to_parent(&self) -> Option<ParentLink> {
+        crate::events::fork::link_to_parent(&self.shared).map(ParentLink)
+    }
+
+    /// Takes over, from now on, the inherited memory the parent's server grants through
+    /// `link` (see [`Pager::link_to_parent`]), on a thread of this pager's
+    /// (`tierswap-adopt`).
+    pub fn take_over_inherited(&self, link: ParentLink) -> Result<()> {
+        let s = self.shared.clone();
+        std::thread::Builder::new()
+            .name("tierswap-adopt".into())
+            .spawn(move || {
+                sys::block_signals();
+                crate::events::grant::serve_grants(&s, link.0);
+            })
+            .map(|_| ())
+            .map_err(io_err("cannot start the thread that takes over inherited memory"))
+    }
+
+    /// In a forked child without a pager of its own, before it forks in turn, called on
+    /// its copy of the parent's pager: keeps the child's link to that pager's server its
+    /// own (the grandchild inherits the claim and looks further).
+    pub fn claim_link_before_fork(&self) {
+        crate::events::fork::claim_before_own_pager(&self.shared);
     }
 
     /// The program changed the protection of `[addr, addr + len_bytes)` to `prot`

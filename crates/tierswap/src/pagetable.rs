@@ -291,8 +291,8 @@ impl PageTable {
         let n_chunks = n_pages.div_ceil(PTES_PER_CHUNK);
         let ptes_len_bytes = crate::page::round_up_pages(n_pages * 8);
         let used_len_bytes = crate::page::round_up_pages(n_chunks * 2);
-        let ptes = sys::mmap_reserve(ptes_len_bytes)?;
-        let used = match sys::mmap_reserve(used_len_bytes) {
+        let ptes = sys::mmap_metadata(ptes_len_bytes)?;
+        let used = match sys::mmap_metadata(used_len_bytes) {
             Ok(u) => u,
             Err(e) => {
                 // SAFETY: just mapped by us, nothing refers to it.
@@ -300,7 +300,7 @@ impl PageTable {
                 return Err(e);
             }
         };
-        let present = match sys::mmap_reserve(used_len_bytes) {
+        let present = match sys::mmap_metadata(used_len_bytes) {
             Ok(u) => u,
             Err(e) => {
                 // SAFETY: both just mapped by us, nothing refers to them.

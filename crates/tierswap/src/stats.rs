@@ -206,6 +206,18 @@ counters! {
     /// Writes of forked children to pages they share with the parent that were present and
     /// clean (write-protected) at the fork: the protection lifted in the child.
     child_wp_faults,
+    /// Pages of inherited memory handed over to forked children's own pagers (in a tree,
+    /// thread mode: events/grant.rs).
+    child_granted_pages,
+    /// Pages of memory inherited from the parent that this process's pager took over,
+    /// present when it did (events/grant.rs, `serve_grants`).
+    adopted_pages,
+    /// Grants of inherited memory this process's pager could not take over (part of the
+    /// range unmapped or managed already): the range stays plain memory, every page in it.
+    adopt_refused,
+    /// 200 µs waits of a child's fault for the child's own pager to get back near its
+    /// share (events/grant.rs, `wait_for_child_room`).
+    child_room_waits,
     /// Faults on registered memory the pager does not manage (the part an mremap grew),
     /// served with a zero page.
     faults_unmanaged,

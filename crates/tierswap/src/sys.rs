@@ -12,6 +12,19 @@ pub fn mmap_reserve(len_bytes: usize) -> io::Result<usize> {
     mmap_anon(len_bytes, libc::MAP_NORESERVE)
 }
 
+/// As [`mmap_reserve`], for the pager's own metadata (page tables, the swap table, the
+/// pool): not inherited by a forked child (MADV_DONTFORK). The child never reads it (its
+/// pages come from the parent's pager; its own pager has its own), and a copy-on-write copy
+/// would keep in the child, for as long as it lives, the old version of every page the
+/// parent's pager changes after the fork: a BGSAVE child of a pager with a 16 MiB budget
+/// held 12 MiB of them.
+pub fn mmap_metadata(len_bytes: usize) -> io::Result<usize> {
+    let addr = mmap_reserve(len_bytes)?;
+    // SAFETY: our fresh mapping; DONTFORK changes only what a fork copies.
+    let _ = unsafe { madvise(addr, len_bytes, libc::MADV_DONTFORK) };
+    Ok(addr)
+}
+
 /// As [`mmap_reserve`], at `near` when that range is free (a hint, as mmap(2) takes it:
 /// the kernel picks another address when it is not; 0: no wish).
 pub fn mmap_reserve_near(near: usize, len_bytes: usize) -> io::Result<usize> {
@@ -179,6 +192,15 @@ pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 /// Sends one message `msg` on socket `fd`, with descriptor `pass` attached (SCM_RIGHTS)
 /// when given. Retried on EINTR. Async-signal-safe: no allocation, system calls only.
 pub fn send_msg(fd: i32, msg: &[u8], pass: Option<i32>) -> io::Result<usize> {
+    send_msg_flags(fd, msg, pass, libc::MSG_NOSIGNAL)
+}
+
+/// [`send_msg`] without waiting: EAGAIN when the socket's buffer is full.
+pub fn send_msg_nowait(fd: i32, msg: &[u8]) -> io::Result<usize> {
+    send_msg_flags(fd, msg, None, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+}
+
+fn send_msg_flags(fd: i32, msg: &[u8], pass: Option<i32>, flags: i32) -> io::Result<usize> {
     // Room for one descriptor's control message (CMSG_SPACE(4) is 16 on 64-bit Linux).
     let mut control = [0u64; 4];
     let mut iov = libc::iovec { iov_base: msg.as_ptr() as *mut libc::c_void, iov_len: msg.len() };
@@ -198,7 +220,7 @@ pub fn send_msg(fd: i32, msg: &[u8], pass: Option<i32>) -> io::Result<usize> {
             std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<i32>(), pass);
         }
         loop {
-            let n = libc::sendmsg(fd, &hdr, libc::MSG_NOSIGNAL);
+            let n = libc::sendmsg(fd, &hdr, flags);
             if n >= 0 {
                 return Ok(n as usize);
             }
@@ -370,17 +392,59 @@ pub fn seccomp_filtered() -> bool {
 /// Fills `out[k]` with whether page `k` of the range at `addr` (page-aligned, in a mapping
 /// of ours) is resident, with one mincore. False everywhere if mincore fails.
 pub fn residency(addr: usize, out: &mut [bool]) {
+    if residency_checked(addr, out).is_err() {
+        out.fill(false);
+    }
+}
+
+/// A /proc/self/pagemap entry's bit: the page is present.
+pub const PAGEMAP_PRESENT: u64 = 1 << 63;
+/// A /proc/self/pagemap entry's bit: the page is mapped by this process alone.
+pub const PAGEMAP_EXCLUSIVE: u64 = 1 << 56;
+
+/// The /proc/self/pagemap entries of the `n_pages` pages from `addr` (page-aligned).
+pub fn page_map(addr: usize, n_pages: usize) -> io::Result<Vec<u64>> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open("/proc/self/pagemap")?;
+    let mut bytes = vec![0u8; n_pages * 8];
+    f.read_exact_at(&mut bytes, (addr / crate::page::PAGE_SIZE * 8) as u64)?;
+    Ok(bytes.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))).collect())
+}
+
+/// [`residency`], failing (ENOMEM) when part of the range is not mapped.
+pub fn residency_checked(addr: usize, out: &mut [bool]) -> io::Result<()> {
     let mut vec = [0u8; 512];
     for (chunk, part) in out.chunks_mut(vec.len()).enumerate() {
         let at = addr + chunk * vec.len() * crate::page::PAGE_SIZE;
-        // SAFETY: mincore writes one byte per page of the range into `vec`, which has room
-        // for `part.len()` pages; it only reads page tables.
+        // SAFETY: as in `residency`.
         let r =
             unsafe { libc::mincore(at as *mut libc::c_void, part.len() * crate::page::PAGE_SIZE, vec.as_mut_ptr()) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
         for (k, o) in part.iter_mut().enumerate() {
-            *o = r == 0 && vec[k] & 1 == 1;
+            *o = vec[k] & 1 == 1;
         }
     }
+    Ok(())
+}
+
+/// The parts of `[start, end)` this process maps other than read-write (from
+/// /proc/self/maps; none when it cannot be read).
+pub fn not_read_write(start: usize, end: usize) -> Vec<(usize, usize)> {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return Vec::new() };
+    let mut out = Vec::new();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else { continue };
+        let Some((a, b)) = range.split_once('-') else { continue };
+        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else { continue };
+        if b <= start || a >= end || perms.starts_with("rw-") {
+            continue;
+        }
+        out.push((a.max(start), b.min(end)));
+    }
+    out
 }
 
 /// Blocks every asynchronous signal on the calling thread (pager threads call it first):

@@ -523,6 +523,14 @@ impl Member {
         self.total.store(sum, Ordering::Relaxed);
     }
 
+    /// Member `pid`'s footprint and share, bytes (`None`: it has no row).
+    pub fn member(&self, pid: u32) -> Option<(u64, u64)> {
+        (0..self.ledger.used())
+            .map(|i| self.ledger.row(i))
+            .find(|r| r.pid.load(Ordering::Acquire) == pid)
+            .map(|r| (r.footprint.load(Ordering::Relaxed), r.target.load(Ordering::Relaxed)))
+    }
+
     /// Gives the row back (at exit); the last member out removes the ledger.
     pub fn leave(&self) {
         if std::process::id() != self.pid {

@@ -187,9 +187,9 @@ impl Pool {
     pub fn new(max_bytes: usize) -> std::io::Result<Pool> {
         let max_spans = (max_bytes.div_ceil(SPAN_STRIDE)).clamp(1, 1 << SPAN_BITS) as u32;
         let arena_bytes = max_spans as usize * SPAN_STRIDE;
-        let arena = sys::mmap_reserve(arena_bytes)?;
+        let arena = sys::mmap_metadata(arena_bytes)?;
         let headers_bytes = crate::page::round_up_pages(max_spans as usize * SPAN_HEADER_BYTES);
-        let headers = match sys::mmap_reserve(headers_bytes) {
+        let headers = match sys::mmap_metadata(headers_bytes) {
             Ok(h) => h,
             Err(e) => {
                 // SAFETY: just mapped, unused.

@@ -25,7 +25,11 @@
 //! page tables.
 //!
 //! One thread per child serves its faults and events; when the child's mm is gone (exit or
-//! exec) it drops every reference the child held. The child's memory is not budgeted.
+//! exec) it drops every reference the child held.
+//!
+//! **Grants** (thread mode, in a tree): a child's own pager links to its server through
+//! the mailbox below ([`link_to_parent`]), and the server hands that pager, piece by piece,
+//! the inherited memory the child takes in ([`grant`]; events/grant.rs says when and how).
 //!
 //! **Hand-over.** The child's userfaultfd lives in the parent: when the parent exits, the
 //! kernel unregisters the child's ranges and a page the child has not had yet would read
@@ -55,14 +59,17 @@
 //!  | MAGIC  |   id   | claim pid|       | MAGIC  |   id   | pid  |   3 × u64
 //!  +--------+--------+----------+       +--------+--------+------+
 //!  request: | addr | flags (1 write, 2 present page) |   reply: | status (0 retry, 1 not ours) |
+//!  grant (thread mode, server → child): | start | len |       2 × u64
 //! ```
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::config::FaultMode;
+use crate::events::grant::{self, Pieces, GRANT_MAX_PIECES};
 use crate::mm::children::{Link, MAGIC, MAILBOX_PAGES};
 use crate::mm::slots::put_slot;
 use crate::mm::swap_io::{read_entry, IoBufs};
@@ -98,15 +105,23 @@ struct Child {
     uffd: Uffd,
     /// Page address in the child → where its fork-time bytes are.
     pages: BTreeMap<usize, Src>,
+    /// Thread mode: the inherited memory not granted to the child's own pager yet.
+    pieces: Pieces,
     /// Copies of pages (staged at fork, or slots whose count is full).
     copies: Vec<u8>,
-    /// Signal mode: the id in the child's mailbox (0: none, its faults are not served).
+    /// The id in the child's mailbox (0: none: in signal mode its faults are not served,
+    /// in thread mode nothing is granted to it).
     id: u64,
-    /// Signal mode: its mailbox page (its generation below the pager's process, from 0).
+    /// The mailbox page is not installed yet (an event of the child's was queued).
+    mailbox_pending: bool,
+    /// The child's pid, as its hello gave it (0 before).
+    pid: u32,
+    /// Its mailbox page (its generation below the pager's process, from 0).
     gen: usize,
     /// The 64 KiB block of its last fault, for [`Child::streams`].
     last_block: usize,
-    /// Signal mode: the child's end of its link, once its hello came.
+    /// The child's end of its link, once its hello came (signal mode: its requests; thread
+    /// mode: its grants).
     link: Option<OwnedFd>,
 }
 
@@ -138,8 +153,11 @@ pub(crate) fn fork(s: &Arc<Shared>, child_uffd: Uffd) {
     let mut child = Child {
         uffd: child_uffd,
         pages: BTreeMap::new(),
+        pieces: Pieces::default(),
         copies: Vec::new(),
         id: 0,
+        mailbox_pending: false,
+        pid: 0,
         gen: 0,
         last_block: usize::MAX - 1,
         link: None,
@@ -149,7 +167,9 @@ pub(crate) fn fork(s: &Arc<Shared>, child_uffd: Uffd) {
             if !r.ptes.chunk_in_use(c) {
                 continue;
             }
-            for i in c * PTES_PER_CHUNK..((c + 1) * PTES_PER_CHUNK).min(r.n_pages) {
+            let end = ((c + 1) * PTES_PER_CHUNK).min(r.n_pages);
+            child.pieces.add(r.page_addr(c * PTES_PER_CHUNK), r.page_addr(end));
+            for i in c * PTES_PER_CHUNK..end {
                 let old = r.ptes.lock(i);
                 let src = match old.state() {
                     PteState::Swapped => child.share_slot(s, old.slot(), &mut scratch),
@@ -168,13 +188,28 @@ pub(crate) fn fork(s: &Arc<Shared>, child_uffd: Uffd) {
             }
         }
     }
-    if let Some(l) = &s.fork.children.link {
-        child.id = l.post_mailbox(&child.uffd, 0);
-    }
+    child.post_mailbox(s);
     spawn_server(s, child, scratch);
 }
 
 impl Child {
+    /// Gives the child its id in its mailbox page, now or (an event of the child's queued)
+    /// once its server has read its events.
+    fn post_mailbox(&mut self, s: &Shared) {
+        if let Some(l) = &s.fork.children.link {
+            self.id = l.new_id(self.gen);
+            self.mailbox_pending = self.id != 0 && !l.install_mailbox(&self.uffd, self.gen, self.id);
+        }
+    }
+
+    /// Installs the pending mailbox page; false while it must still wait.
+    fn retry_mailbox(&mut self, s: &Shared) -> bool {
+        if let (true, Some(l)) = (self.mailbox_pending, &s.fork.children.link) {
+            self.mailbox_pending = !l.install_mailbox(&self.uffd, self.gen, self.id);
+        }
+        !self.mailbox_pending
+    }
+
     fn add_copy(&mut self, page: &[u8]) -> Src {
         let k = self.copies.len() / PAGE_SIZE;
         self.copies.extend_from_slice(&page[..PAGE_SIZE]);
@@ -243,8 +278,11 @@ impl Child {
         let mut g = Child {
             uffd,
             pages: BTreeMap::new(),
+            pieces: self.pieces.for_fork(),
             copies: Vec::new(),
             id: 0,
+            mailbox_pending: false,
+            pid: 0,
             gen,
             last_block: usize::MAX - 1,
             link: None,
@@ -258,9 +296,7 @@ impl Child {
                 g.pages.insert(a, src);
             }
         }
-        if let Some(l) = &s.fork.children.link {
-            g.id = l.post_mailbox(&g.uffd, gen);
-        }
+        g.post_mailbox(s);
         match IoBufs::new(s.config.file_unit_bytes, 1) {
             Ok(gs) => spawn_server(s, g, gs),
             Err(_) => g.release(s),
@@ -311,6 +347,7 @@ fn serve(s: &Arc<Shared>, mut child: Child, mut scratch: IoBufs) {
             break;
         }
         let handing_over = s.fork.children.handing_over.load(Ordering::Acquire);
+        child.retry_mailbox(s);
         let fds = [
             child.uffd.as_raw_fd(),
             s.wake.stop_fd.as_raw_fd(),
@@ -338,7 +375,13 @@ fn serve(s: &Arc<Shared>, mut child: Child, mut scratch: IoBufs) {
             if ready & 0b1_1000 != 0 {
                 l.receive_hellos();
                 if child.id != 0 && child.link.is_none() {
-                    child.link = l.take_link(child.id);
+                    if let Some((fd, pid)) = l.take_link(child.id) {
+                        child.link = Some(fd);
+                        child.pid = pid;
+                    }
+                    if child.link.is_some() && s.config.fault_mode == FaultMode::Thread {
+                        grant_due(s, &mut child, &mut scratch);
+                    }
                 }
             }
             if ready & 0b10_0000 != 0 && !serve_requests(s, &mut child, &mut scratch) {
@@ -364,17 +407,31 @@ fn serve_events(s: &Arc<Shared>, child: &mut Child, events: &mut Vec<Event>, scr
     }
     for ev in events.drain(..) {
         match ev {
-            Event::PageFault { addr, wp: true, .. } => lift_protection(s, child, addr),
+            Event::PageFault { addr, wp: true, .. } => {
+                lift_protection(s, child, addr);
+                note_fault(s, child, addr, scratch);
+            }
             Event::PageFault { addr, write, .. } => {
+                if child.pid != 0 && child.link.is_some() {
+                    grant::wait_for_child_room(s, child.pid, child.pieces.ungranted_bytes());
+                }
                 if child.streams(addr) {
                     install_around(s, child, addr, scratch);
                 }
                 if install(s, child, addr, write, scratch) == Install::Gone {
                     return false;
                 }
+                note_fault(s, child, addr, scratch);
             }
-            Event::Remove { start, end } | Event::Unmap { start, end } => child.drop_range(s, start, end),
+            Event::Remove { start, end } => child.drop_range(s, start, end),
+            Event::Unmap { start, end } => {
+                child.drop_range(s, start, end);
+                child.pieces.cut(start, end);
+            }
             Event::Remap { from, to, len } => {
+                // What moved (and what it landed on) is served here for good.
+                child.pieces.cut(from, from + len);
+                child.pieces.cut(to, to + len);
                 let moved: Vec<(usize, Src)> = child.pages.range(from..from + len).map(|(&a, &v)| (a, v)).collect();
                 for (a, v) in moved {
                     child.pages.remove(&a);
@@ -431,6 +488,10 @@ fn install_around(s: &Shared, child: &mut Child, addr: usize, scratch: &mut IoBu
 fn install(s: &Shared, child: &mut Child, addr: usize, write: bool, scratch: &mut IoBufs) -> Install {
     static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
     let page_addr = addr & !(PAGE_SIZE - 1);
+    if child.mailbox_pending && s.fork.children.link.as_ref().is_some_and(|l| l.is_mailbox_page(page_addr, child.gen)) {
+        // Its mailbox, not a zero page: installed (waking the child) once it can be.
+        return if child.retry_mailbox(s) { Install::Done } else { Install::Retry };
+    }
     let src = child.pages.get(&page_addr).copied();
     let res = match src {
         Some(Src::Slot(slot)) => {
@@ -474,6 +535,9 @@ fn install(s: &Shared, child: &mut Child, addr: usize, write: bool, scratch: &mu
             return Install::Retry;
         }
     };
+    if outcome == Install::Done {
+        child.pieces.note_installed(page_addr);
+    }
     // The child has its page: its reference goes.
     if src.is_some() {
         child.forget(s, page_addr);
@@ -503,10 +567,83 @@ fn hand_over_some(s: &Shared, child: &mut Child, scratch: &mut IoBufs) -> bool {
     true
 }
 
+impl Child {
+    /// Whether piece `[lo, hi)` is due to the child's own pager.
+    fn piece_due(&self, lo: usize, hi: usize) -> bool {
+        self.pieces.due(lo, self.pages.range(lo..hi).count())
+    }
+}
+
+/// Thread mode: a fault of the child's at `addr` was served; grants its piece once due.
+fn note_fault(s: &Shared, child: &mut Child, addr: usize, scratch: &mut IoBufs) {
+    if child.link.is_none() {
+        return;
+    }
+    let Some((lo, hi)) = child.pieces.of(addr) else { return };
+    child.pieces.note_fault(lo);
+    if grant::crowded(s, child.pid, child.pieces.ungranted_bytes()) || child.piece_due(lo, hi) {
+        grant(s, child, &[(lo, hi)], scratch);
+    }
+}
+
+/// Thread mode, the child's own pager just linked: grants every piece due, in runs.
+fn grant_due(s: &Shared, child: &mut Child, scratch: &mut IoBufs) {
+    let due: Vec<(usize, usize)> = child.pieces.all().into_iter().filter(|&(lo, hi)| child.piece_due(lo, hi)).collect();
+    let mut k = 0;
+    while k < due.len() {
+        let mut j = k + 1;
+        while j < due.len() && due[j].0 == due[j - 1].1 && j - k < GRANT_MAX_PIECES {
+            j += 1;
+        }
+        grant(s, child, &due[k..j], scratch);
+        k = j;
+    }
+}
+
+/// Hands the run of adjacent `pieces` over to the child's own pager: every fork-time page
+/// of ours there is installed in the child, the range is unregistered from the child's
+/// userfaultfd we hold (an ioctl on the child's mm, allowed from here), and the child's
+/// pager is told to register it with its own and manage what is there. In between, the
+/// range is plain memory: a missing page there reads zeros, which is what it holds, since
+/// none of ours is left. Nothing is lost when anything fails: an install that must wait
+/// keeps the run here (the next fault tries again); an unregister refused (the child
+/// mapped something else there) keeps serving it; a grant the child never reads leaves
+/// the range unmanaged, all its pages in place.
+fn grant(s: &Shared, child: &mut Child, pieces: &[(usize, usize)], scratch: &mut IoBufs) {
+    let (Some(&(lo, _)), Some(&(_, hi))) = (pieces.first(), pieces.last()) else { return };
+    let Some(fd) = child.link.as_ref().map(|f| f.as_raw_fd()) else { return };
+    let ours: Vec<usize> = child.pages.range(lo..hi).map(|(&a, _)| a).collect();
+    for a in ours {
+        match install(s, child, a, false, scratch) {
+            Install::Done => {}
+            Install::Exists | Install::NotMapped => child.forget(s, a),
+            Install::Retry | Install::Gone => return,
+        }
+    }
+    for &(lo, _) in pieces {
+        child.pieces.remove(lo);
+    }
+    if child.uffd.unregister(lo, hi - lo).is_err() {
+        return;
+    }
+    if sys::send_msg_nowait(fd, &grant::message(lo, hi)).is_ok() {
+        s.counters.child_granted_pages.fetch_add(((hi - lo) / PAGE_SIZE) as u64, Ordering::Relaxed);
+    }
+}
+
 /// Answers the child's requests queued on its link. False once the child has closed it.
+/// In thread mode the child sends nothing: its link is readable only once closed.
 fn serve_requests(s: &Shared, child: &mut Child, scratch: &mut IoBufs) -> bool {
     let mut buf = [0u8; 16];
     loop {
+        if s.config.fault_mode == FaultMode::Thread {
+            let Some(fd) = child.link.as_ref().map(|f| f.as_raw_fd()) else { return false };
+            return match sys::recv_msg(fd, &mut buf, true) {
+                Ok((0, _)) => false,
+                Ok(_) => true,
+                Err(e) => e.raw_os_error() == Some(libc::EAGAIN),
+            };
+        }
         let Some(fd) = child.link.as_ref().map(|f| f.as_raw_fd()) else { return false };
         let (addr, flags) = match sys::recv_msg(fd, &mut buf, true) {
             Ok((16, _)) => (
@@ -607,6 +744,20 @@ fn ask_locked(l: &Link, link: &AtomicU64, pid: i32, addr: usize, access: Option<
 /// for a fork handler to fill it), claims it and sends the pager its hello. Returns this
 /// process's end of the link.
 fn connect(l: &Link, pid: i32) -> Option<i32> {
+    let id = claim(l, pid)?;
+    let (mine, theirs) = sys::seqpacket_pair().ok()?;
+    let mut hello = [0u8; 24];
+    hello[..8].copy_from_slice(&MAGIC.to_ne_bytes());
+    hello[8..16].copy_from_slice(&id.to_ne_bytes());
+    hello[16..].copy_from_slice(&(pid as u64).to_ne_bytes());
+    sys::send_msg(l.hello_tx.as_raw_fd(), &hello, Some(theirs.as_raw_fd())).ok()?;
+    drop(theirs);
+    Some(mine.into_raw_fd())
+}
+
+/// Finds this process's mailbox page and writes `pid` into it as its claim (its own copy);
+/// returns the id the page holds.
+fn claim(l: &Link, pid: i32) -> Option<u64> {
     let start = Instant::now();
     let mut mb = [0u8; 24];
     let mut gen = 0;
@@ -640,14 +791,7 @@ fn connect(l: &Link, pid: i32) -> Option<i32> {
         unsafe { std::ptr::write_volatile((page + 16) as *mut u64, pid as u64) };
         break id;
     };
-    let (mine, theirs) = sys::seqpacket_pair().ok()?;
-    let mut hello = [0u8; 24];
-    hello[..8].copy_from_slice(&MAGIC.to_ne_bytes());
-    hello[8..16].copy_from_slice(&id.to_ne_bytes());
-    hello[16..].copy_from_slice(&(pid as u64).to_ne_bytes());
-    sys::send_msg(l.hello_tx.as_raw_fd(), &hello, Some(theirs.as_raw_fd())).ok()?;
-    drop(theirs);
-    Some(mine.into_raw_fd())
+    Some(id)
 }
 
 /// Before a forked child of a signal-mode pager forks in turn: claims its mailbox, so that
@@ -661,5 +805,28 @@ pub(crate) fn claim_before_fork(s: &Shared, link: &AtomicU64) {
     }
     if let Some(fd) = connect(l, pid) {
         link.store((pid as u64) << 32 | fd as u32 as u64, Ordering::Release);
+    }
+}
+
+/// Thread mode, in a forked child starting a pager of its own: links this process to the
+/// server of the pager `s` (the child's copy of its parent's pager), which from then on
+/// grants it the inherited memory the child has taken in (see [`grant`]). `None`: no link
+/// (the parent's pager is not in a tree, or its server did not install this process's
+/// mailbox in time); the inherited memory then stays served by the parent's pager.
+pub(crate) fn link_to_parent(s: &Shared) -> Option<OwnedFd> {
+    let l = s.fork.children.link.as_ref()?;
+    // SAFETY: getpid has no preconditions.
+    let fd = connect(l, unsafe { libc::getpid() })?;
+    // SAFETY: `connect` returns a fresh descriptor that nothing else owns.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Thread mode, before a forked child without a pager of its own forks in turn: claims
+/// its mailbox page (without a hello), so its own child, which inherits the claim, does not
+/// take the page for its own and link to this child's server.
+pub(crate) fn claim_before_own_pager(s: &Shared) {
+    if let Some(l) = s.fork.children.link.as_ref() {
+        // SAFETY: getpid has no preconditions.
+        let _ = claim(l, unsafe { libc::getpid() });
     }
 }

@@ -54,6 +54,7 @@
 //!   after) and the address may be another mapping's by now: it is only woken.
 
 pub(crate) mod fork;
+pub(crate) mod grant;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -65,6 +66,7 @@ use crate::mm::teardown::{discard, forget, teardown};
 use crate::mm::{Piece, RegionInner, Shared};
 use crate::page::{pages_to_bytes, BLOCK_PAGES, PAGE_SIZE};
 use crate::pagetable::{Pte, PteState};
+use crate::sys;
 use crate::trail::What;
 use crate::uffd::{self, Event, RegisterMode};
 
@@ -144,21 +146,11 @@ pub(crate) fn unmap(s: &Shared, start: usize, end: usize) {
 /// page table, per /proc/self/pagemap), as page offsets `[a, b)`. On any error it answers
 /// "all of it", which only costs moves that find holes (ENOENT, skipped).
 fn present_runs(addr: usize, n_pages: usize) -> Vec<(usize, usize)> {
-    use std::os::unix::fs::FileExt;
-    let all = vec![(0, n_pages)];
-    let Ok(f) = std::fs::File::open("/proc/self/pagemap") else { return all };
-    let mut words = vec![0u8; n_pages * 8];
-    match f.read_exact_at(&mut words, (addr / PAGE_SIZE * 8) as u64) {
-        Ok(()) => {}
-        Err(_) => return all,
-    }
+    let Ok(map) = sys::page_map(addr, n_pages) else { return vec![(0, n_pages)] };
     let mut runs = Vec::new();
     let mut start = None;
-    for i in 0..=n_pages {
-        let present = i < n_pages && {
-            let w = u64::from_le_bytes(words[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-            w >> 63 & 1 == 1
-        };
+    for (i, e) in map.iter().map(Some).chain([None]).enumerate() {
+        let present = e.is_some_and(|e| e & sys::PAGEMAP_PRESENT != 0);
         match (present, start) {
             (true, None) => start = Some(i),
             (false, Some(a)) => {

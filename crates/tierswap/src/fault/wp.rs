@@ -1,5 +1,6 @@
 //! A write to a clean page (present, write-protected, keeping its slot): the slot is given
-//! up and the write let through, for the whole 64 KiB block.
+//! up and the write let through, for the whole 64 KiB block. A write to a page of inherited
+//! memory taken over while still shared makes the page present.
 //!
 //! Owns: nothing. Calls: the memory manager's slot release, `uffd` write protection.
 
@@ -8,7 +9,7 @@ use std::sync::atomic::Ordering;
 use crate::mm::slots::put_slot;
 use crate::mm::{Lookup, Shared};
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
-use crate::pagetable::PteState;
+use crate::pagetable::{Pte, PteState};
 
 /// A write to a clean page (one that kept its slot, write-protected): its slot no longer
 /// matches what the page will hold, so give it up, then let the write through. The whole
@@ -61,7 +62,17 @@ pub(super) fn handle_wp_fault(s: &Shared, addr: usize) {
         let _ = s.guarded(&r, || s.uffd.writeprotect(r.page_addr(run), (i - run) * PAGE_SIZE, false, true));
         for k in run..i {
             let old = locked[k - block_start].expect("locked above");
-            let new = if old.state() == PteState::Present { old.without_kept_slot() } else { old };
+            let new = match old.state() {
+                PteState::Present => old.without_kept_slot(),
+                // A page of inherited memory still shared with the parent when this pager
+                // took it over (mm/mapping.rs, `adopt_inherited`): written, it is a copy of
+                // this process's own from now on, counted and evicted like any.
+                PteState::None if k == idx && crate::sys::is_resident(page_addr) => {
+                    s.acct.present_pages.fetch_add(1, Ordering::Relaxed);
+                    Pte::present()
+                }
+                _ => old,
+            };
             r.ptes.unlock(k, old, new);
         }
     }

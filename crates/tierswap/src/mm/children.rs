@@ -1,5 +1,6 @@
 //! The forked children's state: how many child servers run, the hand-over when the
-//! parent's pager goes, and signal mode's link (mailbox, hello socket, inbox). The servers
+//! parent's pager goes, and the link between a child and its server (mailbox, hello
+//! socket, inbox: signal mode's requests, thread mode's grants of inherited memory). The servers
 //! themselves, the fork snapshot and the child side of the link are in `events/fork.rs`,
 //! which says how it all works.
 //!
@@ -17,7 +18,6 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::time::Duration;
 
 use super::Shared;
 use crate::page::PAGE_SIZE;
@@ -33,8 +33,9 @@ pub(crate) const MAGIC: u64 = u64::from_be_bytes(*b"tswchild");
 pub(crate) enum Mail {
     /// No hello yet.
     Waiting,
-    /// Its hello came to another child's server: the link waits for its own.
-    Queued(OwnedFd),
+    /// Its hello came to another child's server: the link (and the pid the hello gave)
+    /// waits for its own.
+    Queued(OwnedFd, u32),
     /// Its server has it (a later hello for the id is refused).
     Linked,
 }
@@ -50,11 +51,12 @@ pub(crate) struct Children {
     pub(crate) bell: OwnedFd,
     /// The process the pager runs in: a forked copy of this state does nothing.
     owner_pid: i32,
-    /// Signal mode: how children ask for their pages.
+    /// How a child reaches its server: signal mode's requests for pages, and in a tree
+    /// (thread mode) the grants of inherited memory to the child's own pager.
     pub(crate) link: Option<Link>,
 }
 
-/// Signal mode's link between children and the parent's pager.
+/// The link between children and the parent's pager.
 pub(crate) struct Link {
     /// The mailbox: [`MAILBOX_PAGES`] pages, registered, never touched in this process,
     /// so missing in every descendant too until a fork handler installs an id in its copy:
@@ -76,9 +78,10 @@ pub(crate) struct Link {
 }
 
 impl Children {
-    /// For a pager whose program ranges report to `uffd`; `signal`: a link for children.
-    pub(crate) fn new(uffd: &Uffd, signal: bool) -> std::io::Result<Children> {
-        let link = if signal { Some(Link::new(uffd)?) } else { None };
+    /// For a pager whose program ranges report to `uffd`; `link`: children can reach
+    /// their servers (signal mode, or a pager in a tree).
+    pub(crate) fn new(uffd: &Uffd, link: bool) -> std::io::Result<Children> {
+        let link = if link { Some(Link::new(uffd)?) } else { None };
         register_exit_hook();
         Ok(Children {
             live: (Mutex::new(0), Condvar::new()),
@@ -223,33 +226,51 @@ extern "C" fn hand_over_at_exit() {
 }
 
 impl Link {
-    /// Installs a new id in mailbox page `gen` of a new process (0: a child of the pager's
-    /// process) and enters it in the inbox; 0 when it cannot be installed (the process's
-    /// faults then end it with SIGBUS).
-    pub(crate) fn post_mailbox(&self, child_uffd: &Uffd, gen: usize) -> u64 {
+    /// A new id for a process `gen` generations below the pager's (0: a child of the
+    /// pager's process), waiting in the inbox for its hello; 0 when the mailbox does not
+    /// reach that deep (the process is not served: in signal mode its faults on swapped
+    /// pages end it with SIGBUS).
+    pub(crate) fn new_id(&self, gen: usize) -> u64 {
         if gen >= MAILBOX_PAGES {
             return 0;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // Waiting before the page is there: the child may read it and send its hello at
+        // once, and a hello for an id not waiting is dropped.
+        self.inbox.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Mail::Waiting);
+        id
+    }
+
+    /// Installs `id` in mailbox page `gen` of the process whose userfaultfd is
+    /// `child_uffd`. False while an event of that process's is queued (the kernel answers
+    /// EAGAIN until it is read: the caller tries again after reading its events). A page
+    /// that cannot be installed at all is said once, and the id is forgotten.
+    pub(crate) fn install_mailbox(&self, child_uffd: &Uffd, gen: usize, id: u64) -> bool {
         let mut page = [0u8; PAGE_SIZE];
         page[..8].copy_from_slice(&MAGIC.to_ne_bytes());
         page[8..16].copy_from_slice(&id.to_ne_bytes());
-        // Waiting before the page is there: the child may read it and send its hello at
-        // once, and a hello for an id not waiting is dropped (the child then took SIGBUS).
-        self.inbox.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Mail::Waiting);
-        for _ in 0..1000 {
-            match child_uffd.copy(self.mailbox + gen * PAGE_SIZE, &page, false, false) {
-                Ok(_) => return id,
-                // The child's mm is changing (an event of its queued): again shortly.
-                Err(uffd::Error::Again { .. }) => std::thread::sleep(Duration::from_micros(100)),
-                Err(e) => {
-                    eprintln!("tierswap: cannot tell a forked child who it is ({e}); its swapped pages give it SIGBUS");
-                    break;
-                }
+        match child_uffd.copy(self.mailbox + gen * PAGE_SIZE, &page, false, false) {
+            Ok(_) | Err(uffd::Error::PageExist { .. }) => true,
+            Err(uffd::Error::Again { .. }) => false,
+            // The process is gone: nothing to say.
+            Err(uffd::Error::ProcessGone { .. }) => {
+                self.forget(id);
+                true
+            }
+            Err(e) => {
+                eprintln!(
+                    "tierswap: cannot tell a forked child who it is ({e}); in signal mode its swapped pages give it SIGBUS, in thread mode what it inherited stays its parent's to serve"
+                );
+                self.forget(id);
+                true
             }
         }
-        self.inbox.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-        0
+    }
+
+    /// Whether `addr` is in mailbox page `gen`.
+    pub(crate) fn is_mailbox_page(&self, addr: usize, gen: usize) -> bool {
+        let page = self.mailbox + gen * PAGE_SIZE;
+        (page..page + PAGE_SIZE).contains(&addr)
     }
 }
 
@@ -263,13 +284,13 @@ impl Link {
             match sys::recv_msg(self.hello_rx.as_raw_fd(), &mut buf, true) {
                 Ok((24, Some(fd))) => {
                     let word = |k: usize| u64::from_ne_bytes(buf[k * 8..k * 8 + 8].try_into().unwrap_or([0; 8]));
-                    let (magic, id) = (word(0), word(1));
+                    let (magic, id, pid) = (word(0), word(1), word(2) as u32);
                     if magic != MAGIC || id == 0 {
                         continue;
                     }
                     let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
                     if let Some(place @ Mail::Waiting) = inbox.get_mut(&id) {
-                        *place = Mail::Queued(fd);
+                        *place = Mail::Queued(fd, pid);
                         sys::eventfd_ring(self.inbox_bell.as_fd());
                     }
                 }
@@ -279,16 +300,17 @@ impl Link {
         }
     }
 
-    /// The link of child `id`, if its hello has come and nobody took it yet.
-    pub(crate) fn take_link(&self, id: u64) -> Option<OwnedFd> {
+    /// The link of child `id` and the pid its hello gave, if its hello has come and nobody
+    /// took it yet.
+    pub(crate) fn take_link(&self, id: u64) -> Option<(OwnedFd, u32)> {
         let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
         let mut link = None;
-        if let Some(place @ Mail::Queued(_)) = inbox.get_mut(&id) {
-            if let Mail::Queued(fd) = std::mem::replace(place, Mail::Linked) {
-                link = Some(fd);
+        if let Some(place @ Mail::Queued(..)) = inbox.get_mut(&id) {
+            if let Mail::Queued(fd, pid) = std::mem::replace(place, Mail::Linked) {
+                link = Some((fd, pid));
             }
         }
-        if !inbox.values().any(|m| matches!(m, Mail::Queued(_))) {
+        if !inbox.values().any(|m| matches!(m, Mail::Queued(..))) {
             sys::eventfd_drain(self.inbox_bell.as_fd());
         }
         link

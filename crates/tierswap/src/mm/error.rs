@@ -36,6 +36,14 @@ pub enum Error {
         /// Length asked for.
         len_bytes: usize,
     },
+    /// A grant of inherited memory the pager cannot take over (events/fork.rs).
+    #[error("cannot take over the inherited memory at {addr:#x}+{len_bytes}: it is not page-aligned, or the pager holds part of it already")]
+    NotInherited {
+        /// First byte granted.
+        addr: usize,
+        /// Length granted.
+        len_bytes: usize,
+    },
     /// An operation on a tier this pager was not configured with.
     #[error("this pager has no {0} tier (add it to the tiers)")]
     NoSuchTier(&'static str),

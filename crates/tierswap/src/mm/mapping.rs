@@ -13,8 +13,8 @@ use super::region::RegionInner;
 use super::Shared;
 use crate::config::Hint;
 use crate::forkgate::Busy;
-use crate::page::{pages_for, pages_to_bytes};
-use crate::pagetable::PageTable;
+use crate::page::{pages_for, pages_to_bytes, PAGE_SIZE};
+use crate::pagetable::{PageTable, Pte, PteState};
 use crate::policy::admission::Locality;
 use crate::policy::readahead::Readahead;
 use crate::sys;
@@ -86,6 +86,68 @@ impl Shared {
         };
         self.enter_region(r.clone());
         Ok(r)
+    }
+
+    /// Takes over `[start, start + len)` of memory this process inherited at its fork, which
+    /// its parent's server has just unregistered from the child's userfaultfd and granted
+    /// (events/fork.rs): registers it with this pager's own and makes it a region whose
+    /// missing pages read zeros (the server installed every page it held there before the
+    /// grant). Resident pages this process maps alone become present (dirty: no slot of
+    /// this pager's holds them); pages it still shares copy-on-write (with its parent) stay
+    /// out of its footprint, which counts memory once in a tree, until it writes one: they
+    /// are write-protected, and the write-protect fault makes the page's copy present
+    /// (fault/wp.rs). Pages the program made other than read-write since the fork are found
+    /// in /proc/self/maps (the pager knew nothing of this memory until now). Returns the
+    /// pages taken as present.
+    pub(crate) fn adopt_inherited(&self, start: usize, len: usize) -> Result<usize> {
+        let bad = Error::NotInherited { addr: start, len_bytes: len };
+        if len == 0 || !start.is_multiple_of(PAGE_SIZE) || !len.is_multiple_of(PAGE_SIZE) {
+            return Err(bad);
+        }
+        let n_pages = len / PAGE_SIZE;
+        let Ok((_busy, _ev)) = self.claim_range(start, start + len, Duration::from_secs(2)) else {
+            return Err(bad);
+        };
+        // Still mapped, all of it: the program may have unmapped part since the grant
+        // (mincore answers ENOMEM for a hole).
+        let mut resident = vec![false; n_pages];
+        sys::residency_checked(start, &mut resident)
+            .map_err(io_err(format!("inherited memory at {start:#x}+{len}")))?;
+        let mut mode = RegisterMode { missing: true, wp: self.config.keep_clean, minor: false };
+        if mode.wp && self.uffd.register(start, len, mode).is_err() {
+            mode.wp = false;
+        }
+        if !mode.wp {
+            self.uffd.register(start, len, mode)?;
+        }
+        let r = self.new_region_at(start, n_pages, Hint::Normal, mode, true).inspect_err(|_| {
+            let _ = self.uffd.unregister(start, len);
+        })?;
+        for (lo, hi) in sys::not_read_write(start, start + len) {
+            r.protections.set((lo - start) / PAGE_SIZE, (hi - start) / PAGE_SIZE, false);
+        }
+        // Every write from here on faults once (a 64 KiB block at a time): a shared page's
+        // write makes its copy this pager's.
+        if mode.wp {
+            let _ = self.uffd.writeprotect(start, len, true, true);
+        }
+        self.enter_region(r.clone());
+        // Resident now, or installed by a fault meanwhile (no region yet: a zero page).
+        let map = sys::page_map(start, n_pages).map_err(io_err(format!("the page map of {start:#x}+{len}")))?;
+        let mut present = 0;
+        for (i, e) in map.iter().enumerate() {
+            let ours = e & sys::PAGEMAP_PRESENT != 0 && (e & sys::PAGEMAP_EXCLUSIVE != 0 || !mode.wp);
+            if !ours {
+                continue;
+            }
+            if let Some(old) = r.ptes.try_lock_in(i, PteState::None) {
+                r.ptes.unlock(i, old, Pte::present());
+                present += 1;
+            }
+        }
+        self.acct.present_pages.fetch_add(present as i64, Ordering::Relaxed);
+        self.counters.adopted_pages.fetch_add(present as u64, Ordering::Relaxed);
+        Ok(present)
     }
 
     /// Enters region `r` in the map (the caller made sure nothing overlaps it).

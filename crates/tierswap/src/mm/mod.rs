@@ -304,7 +304,8 @@ impl Shared {
         let sigbus_feature = if signal { uffd::features::SIGBUS } else { 0 };
         let uffd = Uffd::new(PROGRAM_FEATURES | sigbus_feature, true)?;
         let mirror_uffd = Uffd::new(uffd::features::MOVE, true)?;
-        let children = Children::new(&uffd, signal).map_err(io_err("cannot set up the service of forked children"))?;
+        let children = Children::new(&uffd, signal || config.tree.is_some())
+            .map_err(io_err("cannot set up the service of forked children"))?;
         let fault_threads = if config.fault_threads == 0 { sys::online_cpus() } else { config.fault_threads };
         let helpers = if config.reclaims_by_helpers() { fault_threads } else { 0 };
         let tiers = Tiers::open(&config)?;

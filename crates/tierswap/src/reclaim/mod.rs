@@ -249,8 +249,9 @@ impl Reclaim {
                 // reserve one more, for the direct reclaimers evicting beside us.
                 let ahead = self.s.config.stage_ahead && staged < STAGE_RESERVE_PAGES;
                 progress += self.deactivate(if ahead { 2 * BATCH_BLOCKS } else { BATCH_BLOCKS });
-                // Outside every lock of the pager's: the read may fault (see there).
-                self.unshare_busy();
+                // Outside every lock of the pager's: the read may fault (see there). Pages
+                // made this process's own are moved by the next pass: progress.
+                progress += self.unshare_busy();
             }
             progress += self.evict(BATCH_BLOCKS);
             self.notify_room();
@@ -292,7 +293,8 @@ impl Reclaim {
     fn over_budget_warning(&self, fp: u64) -> Option<String> {
         let s = &self.s;
         if let Some(t) = &s.tree {
-            if s.fork.children.live() > 0 || t.total() <= t.budget() || !t.first_to_warn() {
+            // Over by less than the watermarks' margin is the shares settling.
+            if s.fork.children.live() > 0 || t.total() <= t.budget() + t.budget() / 16 || !t.first_to_warn() {
                 return None;
             }
         }

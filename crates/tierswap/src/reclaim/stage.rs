@@ -514,24 +514,24 @@ impl Reclaim {
     /// it reads) takes the kernel's unshare path instead: the mark comes back, the pte and
     /// its write protection stay as they were, no byte changes. Done only when no child is
     /// left: with one alive, unsharing copies the page for this process and frees nothing;
-    /// the pages noted wait for then.
+    /// the pages noted wait for then. Returns the pages made this process's own.
     /// Called with no lock of the pager's held: a page the program dropped since its move
     /// failed faults here like a program access (mincore first makes that rare), and a
     /// fault thread serves it while this thread holds nothing anyone waits for. Not under a
     /// seccomp filter: one a sandboxing program applied to every thread could kill the
     /// process on a system call it did not expect.
-    pub(super) fn unshare_busy(&mut self) {
+    pub(super) fn unshare_busy(&mut self) -> usize {
         if self.busy.is_empty() {
-            return;
+            return 0;
         }
         if self.s.fork.children.live() > 0 {
             // Kept for when the children are gone (the list holds the first it met).
-            return;
+            return 0;
         }
         if crate::sys::seccomp_filtered() {
             // A sandboxing program's filter may kill on a call it does not expect.
             self.busy.clear();
-            return;
+            return 0;
         }
         let mut bytes = [0u8; super::UNSHARE_BATCH];
         let mut local = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; super::UNSHARE_BATCH];
@@ -546,7 +546,7 @@ impl Reclaim {
         }
         self.busy.clear();
         if n == 0 {
-            return;
+            return 0;
         }
         // SAFETY: `local` points at `bytes`, ours; `remote` names one byte of each page in this
         // process, which the kernel reads (or fails on with EFAULT) without writing it.
@@ -560,9 +560,11 @@ impl Reclaim {
                 0,
             )
         };
-        if read > 0 {
-            self.s.counters.stage_unshared.fetch_add(read as u64, Ordering::Relaxed);
+        if read <= 0 {
+            return 0;
         }
+        self.s.counters.stage_unshared.fetch_add(read as u64, Ordering::Relaxed);
+        read as usize
     }
 
     /// Unlocks page `i`, which a move could not take: as it is, or None (with its kept slot

@@ -90,8 +90,8 @@ impl SwapSpace {
         let max_clusters = max_slots.div_ceil(SLOTS_PER_CLUSTER as u64).clamp(1, u32::MAX as u64) as u32;
         let table_len_bytes = max_clusters as usize * SLOTS_PER_CLUSTER * 8;
         let headers_len_bytes = crate::page::round_up_pages(max_clusters as usize * CLUSTER_HEADER_BYTES);
-        let table = sys::mmap_reserve(table_len_bytes)?;
-        let headers = match sys::mmap_reserve(headers_len_bytes) {
+        let table = sys::mmap_metadata(table_len_bytes)?;
+        let headers = match sys::mmap_metadata(headers_len_bytes) {
             Ok(h) => h,
             Err(e) => {
                 // SAFETY: just mapped by us, unused.
