@@ -49,13 +49,16 @@
 //!   userfaultfd fork event. In thread mode the child gets a pager of its own for what it
 //!   allocates afterwards, started at its first need (below); the heap's spans are taken
 //!   afresh from the child's own arenas, so the child's objects are not put in the
-//!   parent's. In signal mode, or outside a tree, the child manages nothing new
-//!   (everything passes through).
+//!   parent's; and the pager takes over, as the parent's server grants it, what the child
+//!   reads of the memory it inherited (`Pager::link_to_parent`, `take_over_inherited`). In
+//!   signal mode, or outside a tree, the child manages nothing new (everything passes
+//!   through).
 //! - exec: `LD_PRELOAD` and the environment are inherited, so an exec'd program gets a
 //!   pager of its own, with the same settings, in the same tree.
 //! - First need: a forked child, and an exec'd program that is not the tree's root, start
 //!   their pager when they first ask for a managed-size mapping or allocation, or once they
-//!   have allocated [`START_AFTER_BYTES`]; until then everything passes through. A child
+//!   have allocated [`START_AFTER_BYTES`], or (a forked child) at an allocation
+//!   [`START_AFTER_MS`] after the fork; until then everything passes through. A child
 //!   that execs or exits at once (a shell's, `system()`'s) then costs nothing: creating a
 //!   pager starts threads and opens the swap file, ~2 ms, four times a fork and exec. The
 //!   start runs in whatever thread asks first, outside the shim's own locks; it needs
