@@ -96,7 +96,8 @@ impl Shared {
     /// this pager's holds them); pages it still shares copy-on-write (with its parent) stay
     /// out of its footprint, which counts memory once in a tree, until it writes one: they
     /// are write-protected, and the write-protect fault makes the page's copy present
-    /// (fault/wp.rs). Pages the program made other than read-write since the fork are found
+    /// (fault/wp.rs); without write protection (`keep-clean` off) they count as this
+    /// process's own from the start. Pages the program made other than read-write since the fork are found
     /// in /proc/self/maps (the pager knew nothing of this memory until now). Returns the
     /// pages taken as present.
     pub(crate) fn adopt_inherited(&self, start: usize, len: usize) -> Result<usize> {
