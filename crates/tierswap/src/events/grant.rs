@@ -4,16 +4,16 @@
 //! the server of its parent's pager (events/fork.rs, `link_to_parent`). From then on the
 //! server hands that pager the inherited memory the child takes in, a *piece* at a time (a
 //! page-table chunk of a region in use at the fork: 2 MiB at most). A piece is due once the
-//! child has faulted on 1/[`GRANT_PULL`] of the fork-time pages the server still holds
-//! there, or at its first fault while what the child was given and no pager counts passes
-//! half its share. The server installs the rest of the piece, unregisters it from the
+//! fork-time pages the server still holds there are at most [`GRANT_PULL`] for each fault
+//! the child took there, and one more, or at its first fault while what the child was given
+//! and no pager counts passes half its share. The server installs the rest of the piece, unregisters it from the
 //! child's userfaultfd and sends `[start, len]` (events/fork.rs, `grant`); the child's
 //! `tierswap-adopt` thread ([`serve_grants`]) registers it with its own pager
 //! (`Shared::adopt_inherited`), which counts, evicts and serves it from then on.
 //!
 //! Owns: [`Pieces`], a server's account of one child's pieces (the server thread's alone,
-//! no lock); the pace of a server's installs ([`wait_for_child_room`]); the child's thread that
-//! takes grants. Calls: the tree's ledger (a child's share), `mm` (`adopt_inherited`),
+//! no lock); the pace of a server's installs ([`wait_for_child_room`]); the child's thread
+//! that takes grants. Calls: the tree's ledger (a child's share), `mm` (`adopt_inherited`),
 //! `sys` sockets.
 //!
 //! ```text

@@ -101,6 +101,20 @@ impl Shared {
     /// in /proc/self/maps (the pager knew nothing of this memory until now). Returns the
     /// pages taken as present.
     pub(crate) fn adopt_inherited(&self, start: usize, len: usize) -> Result<usize> {
+        let (r, wp) = self.enter_inherited(start, len)?;
+        // Every write from here on faults once (a 64 KiB block at a time): a shared page's
+        // write makes its copy this pager's. Without the protection, shared pages count as
+        // this process's own at once (else a write would copy one uncounted).
+        let protected = wp && self.protect_inherited(start, len);
+        let present = self.count_inherited(&r, protected)?;
+        self.counters.adopted_pages.fetch_add(present as u64, Ordering::Relaxed);
+        Ok(present)
+    }
+
+    /// [`Self::adopt_inherited`]'s first step, under the event lock: checks the range is
+    /// mapped, registers it, makes its region and enters it in the map. Returns the region
+    /// and whether it is registered for write protection.
+    fn enter_inherited(&self, start: usize, len: usize) -> Result<(Arc<RegionInner>, bool)> {
         let bad = Error::NotInherited { addr: start, len_bytes: len };
         if len == 0 || !start.is_multiple_of(PAGE_SIZE) || !len.is_multiple_of(PAGE_SIZE) {
             return Err(bad);
@@ -127,27 +141,52 @@ impl Shared {
         for (lo, hi) in sys::not_read_write(start, start + len) {
             r.protections.set((lo - start) / PAGE_SIZE, (hi - start) / PAGE_SIZE, false);
         }
-        // Every write from here on faults once (a 64 KiB block at a time): a shared page's
-        // write makes its copy this pager's.
-        if mode.wp {
-            let _ = self.uffd.writeprotect(start, len, true, true);
-        }
         self.enter_region(r.clone());
-        // Resident now, or installed by a fault meanwhile (no region yet: a zero page).
-        let map = sys::page_map(start, n_pages).map_err(io_err(format!("the page map of {start:#x}+{len}")))?;
+        Ok((r, mode.wp))
+    }
+
+    /// Write-protects `[start, start + len)`; false when it cannot be done. Not under the
+    /// event lock: while an event of this pager's is queued unread the kernel answers EAGAIN,
+    /// and only a fault thread holding that lock reads events (tried for up to 20 ms; a
+    /// Python worker unmaps and madvises often enough that one try alone failed).
+    fn protect_inherited(&self, start: usize, len: usize) -> bool {
+        for _ in 0..200 {
+            // (DONTWAKE is refused with a protection: EINVAL.)
+            match self.uffd.writeprotect(start, len, true, false) {
+                Ok(()) => return true,
+                Err(crate::uffd::Error::Again { .. }) => std::thread::sleep(Duration::from_micros(100)),
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    /// Marks present the resident pages of inherited region `r` this process maps alone
+    /// (all resident pages when they are not `protected`), unless an UNMAP tore the region
+    /// down meanwhile (teardown takes the reclaim lock after marking it dead).
+    fn count_inherited(&self, r: &RegionInner, protected: bool) -> Result<usize> {
+        let map = sys::page_map(r.start, r.n_pages).map_err(io_err(format!(
+            "the page map of {:#x}+{}",
+            r.start,
+            r.len_bytes()
+        )))?;
+        let _reclaim = r.reclaim_lock.read().unwrap_or_else(|e| e.into_inner());
+        if r.dead.load(Ordering::Acquire) {
+            return Ok(0);
+        }
         let mut present = 0;
         for (i, e) in map.iter().enumerate() {
-            let ours = e & sys::PAGEMAP_PRESENT != 0 && (e & sys::PAGEMAP_EXCLUSIVE != 0 || !mode.wp);
+            let ours = e & sys::PAGEMAP_PRESENT != 0 && (e & sys::PAGEMAP_EXCLUSIVE != 0 || !protected);
             if !ours {
                 continue;
             }
+            // Present already when a write-protect fault got there first.
             if let Some(old) = r.ptes.try_lock_in(i, PteState::None) {
                 r.ptes.unlock(i, old, Pte::present());
                 present += 1;
             }
         }
         self.acct.present_pages.fetch_add(present as i64, Ordering::Relaxed);
-        self.counters.adopted_pages.fetch_add(present as u64, Ordering::Relaxed);
         Ok(present)
     }
 
