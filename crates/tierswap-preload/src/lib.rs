@@ -165,9 +165,11 @@ fn start_at_need(n: usize) {
         return;
     }
     let asked = WAITING_BYTES.fetch_add(n, Ordering::Relaxed).saturating_add(n);
-    let forked_at = FORKED_AT_MS.load(Ordering::Relaxed);
-    let worker = forked_at != 0 && monotonic_ms().saturating_sub(forked_at) >= START_AFTER_MS;
-    if n < MIN_SIZE.load(Ordering::Relaxed) && asked < START_AFTER_BYTES && !worker {
+    let worker = || {
+        let forked_at = FORKED_AT_MS.load(Ordering::Relaxed);
+        forked_at != 0 && tierswap::sys::monotonic_ms().saturating_sub(forked_at) >= START_AFTER_MS
+    };
+    if n < MIN_SIZE.load(Ordering::Relaxed) && asked < START_AFTER_BYTES && !worker() {
         return;
     }
     if STARTING.swap(true, Ordering::AcqRel) {
@@ -600,20 +602,12 @@ extern "C" fn fork_child() {
     let own = matches!(state, STATE_READY | STATE_WAITING)
         && CONFIG.get().is_some_and(|c| c.tree.is_some() && c.fault_mode == tierswap::FaultMode::Thread);
     WAITING_BYTES.store(0, Ordering::Relaxed);
-    FORKED_AT_MS.store(monotonic_ms(), Ordering::Relaxed);
+    FORKED_AT_MS.store(tierswap::sys::monotonic_ms(), Ordering::Relaxed);
     STARTING.store(false, Ordering::Relaxed);
     STATE.store(if own { STATE_WAITING } else { STATE_CHILD }, Ordering::Release);
     zones::unlock();
     zones::forked();
     heap::unlock_all();
-}
-
-/// CLOCK_MONOTONIC in ms. Async-signal-safe (a fork handler reads it).
-fn monotonic_ms() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the live timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 /// At exit: the stats file (`TIERSWAP_STATS_ON_EXIT`, `%p` becomes the pid) and the log line.

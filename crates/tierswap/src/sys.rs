@@ -361,11 +361,16 @@ pub fn vma_of(addr: usize) -> Option<(usize, usize)> {
     // Older kernels (ENOTTY): the text, one "start-end perms ..." line per mapping.
     let mut text = String::new();
     f.read_to_string(&mut text).ok()?;
-    text.lines().find_map(|line| {
-        let (a, b) = line.split_whitespace().next()?.split_once('-')?;
-        let (a, b) = (usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?);
-        (a <= addr && addr < b).then_some((a, b))
-    })
+    text.lines().filter_map(maps_line).find(|&(a, b, _)| a <= addr && addr < b).map(|(a, b, _)| (a, b))
+}
+
+/// CLOCK_MONOTONIC in milliseconds: the same clock in every process of the machine.
+/// Async-signal-safe (one vDSO call).
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into ours.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 /// The number of CPUs this process may run on.
@@ -392,8 +397,16 @@ pub fn seccomp_filtered() -> bool {
 /// Fills `out[k]` with whether page `k` of the range at `addr` (page-aligned, in a mapping
 /// of ours) is resident, with one mincore. False everywhere if mincore fails.
 pub fn residency(addr: usize, out: &mut [bool]) {
-    if residency_checked(addr, out).is_err() {
-        out.fill(false);
+    let mut vec = [0u8; 512];
+    for (chunk, part) in out.chunks_mut(vec.len()).enumerate() {
+        let at = addr + chunk * vec.len() * crate::page::PAGE_SIZE;
+        // SAFETY: mincore writes one byte per page of the range into `vec`, which has room
+        // for `part.len()` pages; it only reads page tables.
+        let r =
+            unsafe { libc::mincore(at as *mut libc::c_void, part.len() * crate::page::PAGE_SIZE, vec.as_mut_ptr()) };
+        for (k, o) in part.iter_mut().enumerate() {
+            *o = r == 0 && vec[k] & 1 == 1;
+        }
     }
 }
 
@@ -411,40 +424,23 @@ pub fn page_map(addr: usize, n_pages: usize) -> io::Result<Vec<u64>> {
     Ok(bytes.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))).collect())
 }
 
-/// [`residency`], failing (ENOMEM) when part of the range is not mapped.
-pub fn residency_checked(addr: usize, out: &mut [bool]) -> io::Result<()> {
-    let mut vec = [0u8; 512];
-    for (chunk, part) in out.chunks_mut(vec.len()).enumerate() {
-        let at = addr + chunk * vec.len() * crate::page::PAGE_SIZE;
-        // SAFETY: as in `residency`.
-        let r =
-            unsafe { libc::mincore(at as *mut libc::c_void, part.len() * crate::page::PAGE_SIZE, vec.as_mut_ptr()) };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        for (k, o) in part.iter_mut().enumerate() {
-            *o = vec[k] & 1 == 1;
-        }
-    }
-    Ok(())
+/// The mappings of this process that overlap `[start, end)`, clipped to it, in address
+/// order, each with whether it is plain read-write (`rw-`), from /proc/self/maps.
+pub fn mappings_in(start: usize, end: usize) -> io::Result<Vec<(usize, usize, bool)>> {
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    Ok(maps
+        .lines()
+        .filter_map(maps_line)
+        .filter(|&(a, b, _)| a < end && b > start)
+        .map(|(a, b, perms)| (a.max(start), b.min(end), perms.starts_with("rw-")))
+        .collect())
 }
 
-/// The parts of `[start, end)` this process maps other than read-write (from
-/// /proc/self/maps; none when it cannot be read).
-pub fn not_read_write(start: usize, end: usize) -> Vec<(usize, usize)> {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return Vec::new() };
-    let mut out = Vec::new();
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms)) = (f.next(), f.next()) else { continue };
-        let Some((a, b)) = range.split_once('-') else { continue };
-        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else { continue };
-        if b <= start || a >= end || perms.starts_with("rw-") {
-            continue;
-        }
-        out.push((a.max(start), b.min(end)));
-    }
-    out
+/// One line of /proc/self/maps: start, end and permissions.
+fn maps_line(line: &str) -> Option<(usize, usize, &str)> {
+    let mut f = line.split_whitespace();
+    let (a, b) = f.next()?.split_once('-')?;
+    Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?, f.next()?))
 }
 
 /// Blocks every asynchronous signal on the calling thread (pager threads call it first):

@@ -213,7 +213,7 @@ impl Ledger {
     /// Frees the rows of members that are gone; returns how many live rows remain.
     fn reap(&self) -> usize {
         let mut live = 0;
-        let now = monotonic_ms();
+        let now = crate::sys::monotonic_ms();
         for i in 0..self.used() {
             let r = self.row(i);
             let pid = r.pid.load(Ordering::Acquire);
@@ -229,14 +229,6 @@ impl Ledger {
         }
         live
     }
-}
-
-/// CLOCK_MONOTONIC in milliseconds: the same clock in every process of the machine.
-fn monotonic_ms() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec into ours.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 /// This program image's token: the first 8 of the random bytes the kernel put on the stack
@@ -433,7 +425,7 @@ impl Member {
         };
         ledger.header().used.fetch_max(row as u32 + 1, Ordering::AcqRel);
         let r = ledger.row(row);
-        r.beat.store(monotonic_ms(), Ordering::Relaxed);
+        r.beat.store(crate::sys::monotonic_ms(), Ordering::Relaxed);
         r.parent.store(parent, Ordering::Relaxed);
         r.start.store(start, Ordering::Relaxed);
         r.image.store(image_token(), Ordering::Relaxed);
@@ -508,7 +500,7 @@ impl Member {
     fn recompute(&self, footprint: u64) {
         let me = self.ledger.row(self.row);
         me.footprint.store(footprint, Ordering::Relaxed);
-        me.beat.store(monotonic_ms(), Ordering::Relaxed);
+        me.beat.store(crate::sys::monotonic_ms(), Ordering::Relaxed);
         let (mut sum, mut members) = (0u64, 0u64);
         for i in 0..self.ledger.used() {
             let r = self.ledger.row(i);

@@ -635,15 +635,15 @@ fn grant(s: &Shared, child: &mut Child, pieces: &[(usize, usize)], scratch: &mut
 /// In thread mode the child sends nothing: its link is readable only once closed.
 fn serve_requests(s: &Shared, child: &mut Child, scratch: &mut IoBufs) -> bool {
     let mut buf = [0u8; 16];
+    if s.config.fault_mode == FaultMode::Thread {
+        let Some(fd) = child.link.as_ref().map(|f| f.as_raw_fd()) else { return false };
+        return match sys::recv_msg(fd, &mut buf, true) {
+            Ok((0, _)) => false,
+            Ok(_) => true,
+            Err(e) => e.raw_os_error() == Some(libc::EAGAIN),
+        };
+    }
     loop {
-        if s.config.fault_mode == FaultMode::Thread {
-            let Some(fd) = child.link.as_ref().map(|f| f.as_raw_fd()) else { return false };
-            return match sys::recv_msg(fd, &mut buf, true) {
-                Ok((0, _)) => false,
-                Ok(_) => true,
-                Err(e) => e.raw_os_error() == Some(libc::EAGAIN),
-            };
-        }
         let Some(fd) = child.link.as_ref().map(|f| f.as_raw_fd()) else { return false };
         let (addr, flags) = match sys::recv_msg(fd, &mut buf, true) {
             Ok((16, _)) => (

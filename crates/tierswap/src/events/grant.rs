@@ -20,7 +20,7 @@
 //!  grant (server → child, on the child's link): | start | len |   2 × u64
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -50,72 +50,83 @@ const ROOM_WAIT: Duration = Duration::from_millis(5);
 /// A server's account of the inherited memory of one child not granted yet.
 #[derive(Clone, Default)]
 pub(crate) struct Pieces {
-    /// First address → end of each piece not granted (each within one region and one
-    /// page-table chunk of it; only chunks in use at the fork).
-    spans: BTreeMap<usize, usize>,
-    /// Faults served in each piece, by its first address.
-    faults: HashMap<usize, u32>,
-    /// Pages installed in each piece, by its first address: resident in the child and
-    /// counted by no pager of the tree until the grant.
-    installed: HashMap<usize, u32>,
-    /// Their sum.
+    /// First address → each piece not granted (within one region and one page-table chunk
+    /// of it; only chunks in use at the fork).
+    spans: BTreeMap<usize, Piece>,
+    /// Pages installed in all of them: resident in the child and counted by no pager of
+    /// the tree until their grant.
     ungranted: usize,
+}
+
+/// One piece of [`Pieces`].
+#[derive(Clone, Copy)]
+struct Piece {
+    end: usize,
+    /// Faults served in it.
+    faults: u32,
+    /// Pages installed in it.
+    installed: u32,
 }
 
 impl Pieces {
     /// A piece `[lo, hi)` of memory the child inherited, in use at the fork.
     pub(crate) fn add(&mut self, lo: usize, hi: usize) {
-        self.spans.insert(lo, hi);
+        self.spans.insert(lo, Piece { end: hi, faults: 0, installed: 0 });
     }
 
     /// The same pieces, with no fault or install counted (a grandchild's, at its fork).
     pub(crate) fn for_fork(&self) -> Pieces {
-        Pieces { spans: self.spans.clone(), ..Pieces::default() }
+        let spans = self.spans.iter().map(|(&lo, p)| (lo, Piece { end: p.end, faults: 0, installed: 0 })).collect();
+        Pieces { spans, ungranted: 0 }
     }
 
     /// The piece holding `addr`, if it is not granted yet.
     pub(crate) fn of(&self, addr: usize) -> Option<(usize, usize)> {
-        self.spans.range(..=addr).next_back().filter(|(_, &hi)| hi > addr).map(|(&lo, &hi)| (lo, hi))
+        self.spans.range(..=addr).next_back().filter(|(_, p)| p.end > addr).map(|(&lo, p)| (lo, p.end))
     }
 
     /// Every piece not granted yet, in address order.
     pub(crate) fn all(&self) -> Vec<(usize, usize)> {
-        self.spans.iter().map(|(&lo, &hi)| (lo, hi)).collect()
+        self.spans.iter().map(|(&lo, p)| (lo, p.end)).collect()
     }
 
     /// The child unmapped or moved `[start, end)`: no piece there is granted.
     pub(crate) fn cut(&mut self, start: usize, end: usize) {
         let hit: Vec<(usize, usize)> =
-            self.spans.range(..end).rev().take_while(|(_, &hi)| hi > start).map(|(&lo, &hi)| (lo, hi)).collect();
+            self.spans.range(..end).rev().take_while(|(_, p)| p.end > start).map(|(&lo, p)| (lo, p.end)).collect();
         for (lo, hi) in hit {
             self.remove(lo);
             if lo < start {
-                self.spans.insert(lo, start);
+                self.add(lo, start);
             }
             if hi > end {
-                self.spans.insert(end, hi);
+                self.add(end, hi);
             }
         }
     }
 
     /// Piece `lo` is granted or gone: its counts go.
     pub(crate) fn remove(&mut self, lo: usize) {
-        self.spans.remove(&lo);
-        self.faults.remove(&lo);
-        self.ungranted -= self.installed.remove(&lo).unwrap_or(0) as usize;
+        if let Some(p) = self.spans.remove(&lo) {
+            self.ungranted -= p.installed as usize;
+        }
     }
 
     /// A page was installed at `addr`: counted for its piece, if it is not granted yet.
     pub(crate) fn note_installed(&mut self, addr: usize) {
         if let Some((lo, _)) = self.of(addr) {
-            *self.installed.entry(lo).or_insert(0) += 1;
-            self.ungranted += 1;
+            if let Some(p) = self.spans.get_mut(&lo) {
+                p.installed += 1;
+                self.ungranted += 1;
+            }
         }
     }
 
     /// A fault of the child's in piece `lo` was served.
     pub(crate) fn note_fault(&mut self, lo: usize) {
-        *self.faults.entry(lo).or_insert(0) += 1;
+        if let Some(p) = self.spans.get_mut(&lo) {
+            p.faults += 1;
+        }
     }
 
     /// Bytes installed in pieces not granted yet.
@@ -126,7 +137,7 @@ impl Pieces {
     /// Whether piece `lo`, where the server still holds `left` fork-time pages, is due: at
     /// most [`GRANT_PULL`] of them left for each fault there, and one more.
     pub(crate) fn due(&self, lo: usize, left: usize) -> bool {
-        left <= (self.faults.get(&lo).copied().unwrap_or(0) as usize + 1) * GRANT_PULL
+        left <= (self.spans.get(&lo).map_or(0, |p| p.faults) as usize + 1) * GRANT_PULL
     }
 }
 

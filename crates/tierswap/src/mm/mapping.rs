@@ -123,11 +123,12 @@ impl Shared {
         let Ok((_busy, _ev)) = self.claim_range(start, start + len, Duration::from_secs(2)) else {
             return Err(bad);
         };
-        // Still mapped, all of it: the program may have unmapped part since the grant
-        // (mincore answers ENOMEM for a hole).
-        let mut resident = vec![false; n_pages];
-        sys::residency_checked(start, &mut resident)
-            .map_err(io_err(format!("inherited memory at {start:#x}+{len}")))?;
+        // Still mapped, all of it: the program may have unmapped part since the grant.
+        let maps = sys::mappings_in(start, start + len).map_err(io_err("cannot read /proc/self/maps"))?;
+        let end = maps.iter().try_fold(start, |at, &(lo, hi, _)| (lo == at).then_some(hi));
+        if end != Some(start + len) {
+            return Err(bad);
+        }
         let mut mode = RegisterMode { missing: true, wp: self.config.keep_clean, minor: false };
         if mode.wp && self.uffd.register(start, len, mode).is_err() {
             mode.wp = false;
@@ -138,7 +139,7 @@ impl Shared {
         let r = self.new_region_at(start, n_pages, Hint::Normal, mode, true).inspect_err(|_| {
             let _ = self.uffd.unregister(start, len);
         })?;
-        for (lo, hi) in sys::not_read_write(start, start + len) {
+        for &(lo, hi, _) in maps.iter().filter(|&&(_, _, rw)| !rw) {
             r.protections.set((lo - start) / PAGE_SIZE, (hi - start) / PAGE_SIZE, false);
         }
         self.enter_region(r.clone());
