@@ -226,7 +226,10 @@ fn a_childs_own_pager_serves_its_forked_child() {
 /// MiB. Every
 /// byte is checked by every process, in signal mode too (where the readers keep asking the
 /// parent's pager). Each reader first unmaps a mapping it inherited, so an event of its is
-/// queued while the parent's pager handles its fork: its mailbox page must still come.
+/// queued while the parent's pager handles its fork: its mailbox page must still come. And
+/// under 128 MiB, where the readers take over pages they still share with the parent, each
+/// page a reader writes becomes its own through a write-protect fault (with the protection
+/// never set, as once, every reader counted 0 of them).
 #[test]
 fn readers_take_over_what_they_inherited() {
     let dir = TestDir::new("tree-readers");
@@ -261,4 +264,23 @@ fn readers_take_over_what_they_inherited() {
     let (out, ok, _, _) =
         run_watched(tierswap_run(&["--budget", "16M", "--fault-mode", "signal"], &prog, &["3", "48"]), &dir);
     assert!(ok && out.contains("treeread ok"), "signal mode: {out}");
+    // Under 128 MiB the parent's 48 MiB stay resident: the readers take over pages they
+    // share with it, which count as theirs only once written. Each reader writes every 8th
+    // page (1,536 of them), each a write-protect fault of its own pager's.
+    let roomy = dir.path("roomy.%p.json");
+    let flags = ["--budget", "128M", "--stats-on-exit", roomy.to_str().unwrap()];
+    let (out, ok, _, _) = run_watched(tierswap_run(&flags, &prog, &["3", "48"]), &dir);
+    assert!(ok && out.contains("treeread ok"), "128M: {out}");
+    let mut wp = Vec::new();
+    for e in std::fs::read_dir(dir.path("")).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("roomy.")) {
+            let s = common::stats(&p);
+            if common::counter(&s, "adopted_pages") > 0 || common::counter(&s, "faults_wp") > 0 {
+                wp.push(common::counter(&s, "faults_wp"));
+            }
+        }
+    }
+    let pages = 48 * MIB / 4096 / 8;
+    assert!(wp.len() == 3 && wp.iter().all(|&n| n >= pages), "each reader's write-protect faults: {wp:?}");
 }
