@@ -50,6 +50,8 @@ const SAME_LAYER: &[(&str, &str)] = &[
     ("inject", "page"),
     ("inject", "ioring"),
     ("config", "page"),
+    // …and the tree's ledger stamps its rows with the system-call helpers' clock.
+    ("tree", "sys"),
     // L1: a swap entry says which backend holds the bytes.
     ("swap", "backend"),
     // L4: a fault may reclaim directly (and wait for room) and handles the events it reads;
