@@ -384,6 +384,19 @@ pub struct PagerConfig {
     /// throughput, and raised its p99 (docs/design.md, "Pool share"). Lab variant
     /// `[no-]pool-weigh`.
     pub pool_weigh: bool,
+    /// A write fault on a clean page makes its whole 64 KiB block writable (giving up the
+    /// kept slots of its present pages) only when the region's previous write fault was in
+    /// the same block or a neighbour: a program writing back what it read sequentially.
+    /// Other writes give up only the written page's slot, so the pages around it stay clean
+    /// and leave again without compression or IO. Off: every write fault takes its block.
+    /// Lab variant `[no-]wp-adapt`.
+    pub wp_block_adapt: bool,
+    /// A read fault swapping in a page of a region where most pages read in clean are then
+    /// written (a write fault follows at least every second one) installs the page writable
+    /// at once, without its kept slot, as the kernel maps a swapped-in page writable: the
+    /// write that follows costs no fault. One read fault in 8 still comes in clean, to keep
+    /// measuring. Lab variant `[no-]write-predict`.
+    pub write_predict: bool,
     /// Clean pages: a page swapped in from the pool keeps its slot while it stays
     /// unwritten, so evicting it again costs no compression.
     pub keep_clean: bool,
@@ -596,6 +609,8 @@ impl Default for PagerConfig {
             pool_compact: false,
             workingset_page_stamp: false,
             pool_weigh: false,
+            wp_block_adapt: false,
+            write_predict: false,
             remote: None,
             fault_mode: FaultMode::default(),
             tree: None,
@@ -790,7 +805,7 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
 /// The engine settings a lab variant (`tierswap bench --engine tierswap:SETTING…`) or
 /// `tierswap run --set` may change, as they are spelled (for help and error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), pool-floor=PCT (the least the pool limit that follows the workload goes down to, percent of the budget), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]wp-adapt, [no-]write-predict, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// The largest stride prefetch window a setting may ask for, in pages.
 const MAX_SETTING_PREFETCH_PAGES: u32 = 1024;
@@ -851,6 +866,10 @@ pub enum Setting {
     PageStamp(bool),
     /// `pool-weigh` / `no-pool-weigh`: the pool limit follows what its refaults say it is worth.
     PoolWeigh(bool),
+    /// `wp-adapt` / `no-wp-adapt`: a write fault takes its whole block only after another nearby.
+    WpAdapt(bool),
+    /// `write-predict` / `no-write-predict`: read faults install writable where writes follow.
+    WritePredict(bool),
     /// `learn-blocks` / `no-learn-blocks`: a lone fault brings its block in whole once
     /// blocks are seen read whole.
     LearnBlocks(bool),
@@ -918,6 +937,8 @@ impl Setting {
             Setting::PoolCompact(on) => config.pool_compact = on,
             Setting::PageStamp(on) => config.workingset_page_stamp = on,
             Setting::PoolWeigh(on) => config.pool_weigh = on,
+            Setting::WpAdapt(on) => config.wp_block_adapt = on,
+            Setting::WritePredict(on) => config.write_predict = on,
             Setting::LearnBlocks(on) => config.swapin_learn_blocks = on,
             Setting::DirectReclaim(on) => config.direct_reclaim = on,
             Setting::StageAhead(on) => config.stage_ahead = on,
@@ -1025,6 +1046,10 @@ impl Setting {
             "no-page-stamp" => switch(Setting::PageStamp, false),
             "pool-weigh" => switch(Setting::PoolWeigh, true),
             "no-pool-weigh" => switch(Setting::PoolWeigh, false),
+            "wp-adapt" => switch(Setting::WpAdapt, true),
+            "no-wp-adapt" => switch(Setting::WpAdapt, false),
+            "write-predict" => switch(Setting::WritePredict, true),
+            "no-write-predict" => switch(Setting::WritePredict, false),
             "read-next-unit" => switch(Setting::ReadNextUnit, true),
             "no-read-next-unit" => switch(Setting::ReadNextUnit, false),
             "learn-blocks" => switch(Setting::LearnBlocks, true),
@@ -1171,6 +1196,8 @@ mod setting_tests {
         ("compact", "pool_compact"),
         ("page-stamp", "workingset_page_stamp"),
         ("pool-weigh", "pool_weigh"),
+        ("wp-adapt", "wp_block_adapt"),
+        ("write-predict", "write_predict"),
         ("learn-blocks", "swapin_learn_blocks"),
         ("direct-reclaim", "direct_reclaim"),
         ("stage-ahead", "stage_ahead"),

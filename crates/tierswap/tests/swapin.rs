@@ -425,6 +425,88 @@ fn clean_pages_are_evicted_again_without_compression_and_writes_are_never_lost()
     assert_eq!(p.stats().swap_slots, 0, "kept slots are freed with the region");
 }
 
+/// Page `pg` of `r` as a mutable slice.
+fn page_mut(r: &tierswap::Region, pg: usize) -> &mut [u8] {
+    // SAFETY: pg is within the region, which the caller owns; no other reference to these
+    // bytes is alive while the slice is used.
+    unsafe { std::slice::from_raw_parts_mut(r.as_ptr().add(pg * PAGE), PAGE) }
+}
+
+#[test]
+fn where_reads_are_written_at_once_pages_come_in_writable() {
+    // memcached's way: read an item, then mark it (a write to the page just read). After
+    // 32 such pairs read faults install pages writable, one in 8 still clean to measure.
+    let n = 2048;
+    for predict in [false, true] {
+        let p = start(PagerConfig {
+            write_predict: predict,
+            wp_block_adapt: true,
+            stride_prefetch_max_pages: 0,
+            ..config(64 << 20, "zero,pool", FaultMode::Thread, 1)
+        });
+        let r = evicted_region(&p, n, Hint::Random);
+        let before = p.stats().counters;
+        for k in 0..n {
+            let pg = (k * 37) % n;
+            assert!(page_matches(page_mut(&r, pg), pg, 0), "{predict}: page {pg}");
+            fill_page(page_mut(&r, pg), pg, 7);
+        }
+        let c = p.stats().counters;
+        let (faults, wp) = (c.faults_swapped - before.faults_swapped, c.faults_wp - before.faults_wp);
+        assert_eq!(faults, n as u64, "{predict}: one read fault a page (no neighbours with Random)");
+        if predict {
+            assert!(wp <= (32 + n / 8 + 8) as u64, "predicted: {wp} write faults for {n} pages");
+        } else {
+            assert_eq!(wp, n as u64, "each written page faulted once");
+        }
+        // Written pages go out compressed; their new bytes come back.
+        let before = p.stats().counters;
+        assert_eq!(p.evict_all(), n);
+        let c = p.stats().counters;
+        assert_eq!((c.swpout_clean - before.swpout_clean, c.zswpout - before.zswpout), (0, n as u64), "{predict}");
+        for pg in 0..n {
+            assert!(page_matches(page_mut(&r, pg), pg, 7), "{predict}: page {pg} has its latest bytes");
+        }
+    }
+}
+
+#[test]
+fn a_scattered_write_leaves_its_neighbours_clean() {
+    // In each 64 KiB block, read page 1, then read and write page 0, blocks far apart: with
+    // `wp_block_adapt` the write gives up only page 0's slot, and page 1 leaves again for
+    // free; without it, the write takes the block and page 1 is compressed again.
+    let n = 4096;
+    let blocks = n / 16;
+    for adapt in [false, true] {
+        let p = start(PagerConfig {
+            wp_block_adapt: adapt,
+            write_predict: false,
+            stride_prefetch_max_pages: 0,
+            ..config(64 << 20, "zero,pool", FaultMode::Thread, 1)
+        });
+        let r = evicted_region(&p, n, Hint::Random);
+        for k in 0..blocks {
+            let b = (k * 37) % blocks;
+            assert!(page_matches(page_mut(&r, 16 * b + 1), 16 * b + 1, 0));
+            assert!(page_matches(page_mut(&r, 16 * b), 16 * b, 0));
+            fill_page(page_mut(&r, 16 * b), 16 * b, 5);
+        }
+        let before = p.stats().counters;
+        assert_eq!(p.evict_all(), 2 * blocks);
+        let c = p.stats().counters;
+        let (clean, compressed) = (c.swpout_clean - before.swpout_clean, c.zswpout - before.zswpout);
+        if adapt {
+            assert_eq!((clean, compressed), (blocks as u64, blocks as u64), "only written pages compressed");
+        } else {
+            assert_eq!((clean, compressed), (0, 2 * blocks as u64), "the whole block given up");
+        }
+        for pg in 0..n {
+            let salt = if pg % 16 == 0 { 5 } else { 0 };
+            assert!(page_matches(page_mut(&r, pg), pg, salt), "{adapt}: page {pg}");
+        }
+    }
+}
+
 #[test]
 fn clean_tracking_can_be_switched_off() {
     let n = 512;

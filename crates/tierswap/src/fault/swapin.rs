@@ -59,6 +59,8 @@ struct SwapIn<'a> {
     idx: usize,
     old: Pte,
     write: bool,
+    /// A read fault installing its page writable (`write_predict`): writes follow reads here.
+    write_predicted: bool,
     /// The range `[first, end)` of pages that may come in, and the window admission gave.
     first: usize,
     end: usize,
@@ -80,7 +82,8 @@ pub(super) fn swap_in(
     scratch: &mut Scratch,
 ) -> (Option<Tag>, usize, usize) {
     let (first, end, window) = plan_window(s, r, idx);
-    let si = SwapIn { s, r, idx, old, write, first, end, window };
+    let write_predicted = !write && s.config.write_predict && s.writes.predict_write();
+    let si = SwapIn { s, r, idx, old, write, write_predicted, first, end, window };
     let Scratch { io, range, plan, in_thread, .. } = scratch;
     // The file copy of the fault threads, shared: the next fault of a stream is often
     // served by the other thread. Taken only if free (else this thread's own); signal
@@ -273,7 +276,11 @@ impl SwapIn<'_> {
                     continue;
                 }
             };
-            let keep = kind == Kind::Data && keeps_slot(s, r, e, slot, self.write && j == idx, pool_roomy);
+            let written = j == idx && (self.write || self.write_predicted);
+            let keep = kind == Kind::Data && keeps_slot(s, r, e, slot, written, pool_roomy);
+            if keep && j == idx && s.config.write_predict {
+                s.writes.note_clean_read();
+            }
             *planned = Planned { pte: Some(pte), entry: e, kind, keep };
         }
     }

@@ -1,5 +1,6 @@
 //! A write to a clean page (present, write-protected, keeping its slot): the slot is given
-//! up and the write let through, for the whole 64 KiB block. A write to a page of inherited
+//! up and the write let through, for the whole 64 KiB block or (`wp_block_adapt`, unless
+//! the region's last write fault was nearby) the page alone. A write to a page of inherited
 //! memory taken over while still shared makes the page present.
 //!
 //! Owns: nothing. Calls: the memory manager's slot release, `uffd` write protection.
@@ -14,7 +15,10 @@ use crate::pagetable::{Pte, PteState};
 /// A write to a clean page (one that kept its slot, write-protected): its slot no longer
 /// matches what the page will hold, so give it up, then let the write through. The whole
 /// 64 KiB block is done at once: a program writing one page of a block it read in usually
-/// writes the rest, and each page would cost a fault of its own.
+/// writes the rest, and each page would cost a fault of its own. With `wp_block_adapt`
+/// only when the region's last write fault was in this block or a neighbour: a program
+/// writing one item here and one there (memcached's access times, sqlite's page headers)
+/// writes none of the pages around it, which keep their slots and leave again for free.
 pub(super) fn handle_wp_fault(s: &Shared, addr: usize) {
     let page_addr = addr & !(PAGE_SIZE - 1);
     let Lookup::Region(r, idx) = s.lookup(page_addr) else {
@@ -23,6 +27,8 @@ pub(super) fn handle_wp_fault(s: &Shared, addr: usize) {
     };
     s.counters.faults_wp.fetch_add(1, Ordering::Relaxed);
     let block_start = idx - idx % BLOCK_PAGES;
+    let nearby = s.writes.note_write_fault(&r.wp_last_block, idx / BLOCK_PAGES);
+    let whole = nearby || !s.config.wp_block_adapt;
     let block_end = (block_start + BLOCK_PAGES).min(r.n_pages);
     let mut locked = [None; BLOCK_PAGES];
     let first = r.ptes.lock(idx);
@@ -34,7 +40,7 @@ pub(super) fn handle_wp_fault(s: &Shared, addr: usize) {
     }
     locked[idx - block_start] = Some(first);
     for i in block_start..block_end {
-        if i != idx {
+        if i != idx && whole {
             locked[i - block_start] = r.ptes.try_lock_in(i, PteState::Present);
         }
     }

@@ -284,6 +284,7 @@ impl Shared {
             first_touch_next: AtomicUsize::new(usize::MAX),
             first_touch_window: AtomicUsize::new(0),
             clean_tracking: mode.wp,
+            wp_last_block: AtomicUsize::new(usize::MAX),
             detached,
             extents: AtomicUsize::new(0),
             gone: AtomicBool::new(false),

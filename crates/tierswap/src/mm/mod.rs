@@ -107,6 +107,8 @@ pub(crate) struct Shared {
     /// This pager's row in its process tree's ledger, when it shares a tree's budget
     /// (atomics in shared memory; the refresh takes its own try-lock, a leaf).
     pub(crate) tree: Option<crate::tree::Member>,
+    /// Whether writes follow the pages read back clean (atomics).
+    pub(crate) writes: crate::policy::writes::Writes,
 }
 
 /// The program's regions. The map is behind its RwLock (read by every lookup, written
@@ -364,6 +366,7 @@ impl Shared {
             signal_buffers: if signal { signal_buffers() } else { 0 },
             keepalive: AtomicBool::new(false),
             tree,
+            writes: Default::default(),
             config,
         })
     }

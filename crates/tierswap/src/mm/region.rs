@@ -45,6 +45,9 @@ pub(crate) struct RegionInner {
     pub(crate) first_touch_window: AtomicUsize,
     /// Registered for write-protect faults: pages may come back clean, keeping their slot.
     pub(crate) clean_tracking: bool,
+    /// The 64 KiB block of the region's last write fault on a clean page (`usize::MAX`:
+    /// none yet), for `wp_block_adapt` ([`crate::policy::writes::Writes::note_write_fault`]).
+    pub(crate) wp_last_block: AtomicUsize,
     /// Owned by the program (munmap tears it down), not by a [`Region`] handle.
     #[allow(dead_code)]
     pub(crate) detached: bool,
