@@ -102,8 +102,8 @@ struct Bench {
     #[arg(long, default_value = "none")]
     recompress: String,
     /// tierswap's pool limit, fixed: bytes (e.g. 64M) or a percentage of the budget (e.g. 25%).
-    /// Without it the limit follows the workload, from 5/8 of the budget down to 1/2, and to
-    /// 5% while the pages proved hot do not fit beside it.
+    /// Without it the limit follows the workload, from 5/8 of the budget down to 5% while the
+    /// pool's refaults cost more than the file reads it saves.
     #[arg(long)]
     pool_max: Option<String>,
     /// Directory of tierswap's swap file (default $TMPDIR) and the kernel engines' swap files.

@@ -122,8 +122,8 @@ pub struct RunArgs {
     tiers: String,
     /// The pool's limit before writeback to the file, fixed: bytes (64M) or a percentage of the
     /// budget (25%). Without it the limit follows the workload, from 5/8 of the budget down to
-    /// 1/2 when the program's pages need the room, and down to 5% while the pages proved hot
-    /// do not fit beside it.
+    /// 5% while the pool's refaults (pages its room would have kept resident) cost more than
+    /// the file reads it saves.
     #[arg(long)]
     pool_max: Option<String>,
     /// The pool's compressor: zstd-fast (the default: dense, so more of the program stays

@@ -372,30 +372,31 @@ pub struct PagerConfig {
     /// stamped in its swapped pte, instead of from its cluster's stamp (the cluster's first
     /// fill, restamped by every clean page evicted again onto a kept slot in it). With
     /// cluster stamps, clean re-evictions scattered over every cluster made every refault
-    /// look recent: memcached's random gets activated 100 % of their refaults. Off: fewer
-    /// pages protected did not serve more requests (docs/design.md, "Workingset"). Lab
-    /// variant `[no-]page-stamp`.
+    /// look recent: memcached's random gets activated 100 % of their refaults. On by
+    /// default, with `pool_weigh`, which needs it (docs/lab/write-predict/). Lab variant
+    /// `[no-]page-stamp`.
     pub workingset_page_stamp: bool,
     /// With `pool_adapt`: the pool limit moves by what the pool's refaults say it is worth
     /// (`policy/pool_share.rs`, `tick_weighed`): the working set's refaults from the pool
     /// (pages its room would have kept resident) against its other refaults (file faults it
     /// saved, ~3 pool faults each), down to `pool_floor_pct`; instead of short refaults and
-    /// reclaim's crowded looks. Off: it took redis to the kernel's fault count but not its
-    /// throughput, and raised its p99 (docs/design.md, "Pool share"). Lab variant
-    /// `[no-]pool-weigh`.
+    /// reclaim's crowded looks. On by default: with page stamps, the block only for nearby
+    /// writes and write prediction it served more requests than without on every program
+    /// of the programs lab but python-dict's uniform lookups (within their spread), and
+    /// held the seed suite (docs/lab/write-predict/). Lab variant `[no-]pool-weigh`.
     pub pool_weigh: bool,
     /// A write fault on a clean page makes its whole 64 KiB block writable (giving up the
     /// kept slots of its present pages) only when the region's previous write fault was in
     /// the same block or a neighbour: a program writing back what it read sequentially.
     /// Other writes give up only the written page's slot, so the pages around it stay clean
     /// and leave again without compression or IO. Off: every write fault takes its block.
-    /// Lab variant `[no-]wp-adapt`.
+    /// On by default (docs/lab/write-predict/). Lab variant `[no-]wp-adapt`.
     pub wp_block_adapt: bool,
     /// A read fault swapping in a page of a region where most pages read in clean are then
     /// written (a write fault follows at least every second one) installs the page writable
     /// at once, without its kept slot, as the kernel maps a swapped-in page writable: the
     /// write that follows costs no fault. One read fault in 8 still comes in clean, to keep
-    /// measuring. Lab variant `[no-]write-predict`.
+    /// measuring. On by default (docs/lab/write-predict/). Lab variant `[no-]write-predict`.
     pub write_predict: bool,
     /// Clean pages: a page swapped in from the pool keeps its slot while it stays
     /// unwritten, so evicting it again costs no compression.
@@ -607,10 +608,10 @@ impl Default for PagerConfig {
             throttle_headroom: true,
             pool_adapt: true,
             pool_compact: false,
-            workingset_page_stamp: false,
-            pool_weigh: false,
-            wp_block_adapt: false,
-            write_predict: false,
+            workingset_page_stamp: true,
+            pool_weigh: true,
+            wp_block_adapt: true,
+            write_predict: true,
             remote: None,
             fault_mode: FaultMode::default(),
             tree: None,

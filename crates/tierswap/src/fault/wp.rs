@@ -1,6 +1,6 @@
 //! A write to a clean page (present, write-protected, keeping its slot): the slot is given
 //! up and the write let through, for the whole 64 KiB block or (`wp_block_adapt`, unless
-//! the region's last write fault was nearby) the page alone. A write to a page of inherited
+//! the region's last write fault was nearby or the page before is written) the page alone. A write to a page of inherited
 //! memory taken over while still shared makes the page present.
 //!
 //! Owns: nothing. Calls: the memory manager's slot release, `uffd` write protection.
@@ -16,7 +16,8 @@ use crate::pagetable::{Pte, PteState};
 /// matches what the page will hold, so give it up, then let the write through. The whole
 /// 64 KiB block is done at once: a program writing one page of a block it read in usually
 /// writes the rest, and each page would cost a fault of its own. With `wp_block_adapt`
-/// only when the region's last write fault was in this block or a neighbour: a program
+/// only when the region's last write fault was in this block or a neighbour, or the page
+/// before this one is written already (present without a kept slot): a program
 /// writing one item here and one there (memcached's access times, sqlite's page headers)
 /// writes none of the pages around it, which keep their slots and leave again for free.
 pub(super) fn handle_wp_fault(s: &Shared, addr: usize) {
@@ -28,7 +29,14 @@ pub(super) fn handle_wp_fault(s: &Shared, addr: usize) {
     s.counters.faults_wp.fetch_add(1, Ordering::Relaxed);
     let block_start = idx - idx % BLOCK_PAGES;
     let nearby = s.writes.note_write_fault(&r.wp_last_block, idx / BLOCK_PAGES);
-    let whole = nearby || !s.config.wp_block_adapt;
+    // The page before written already (present, no kept slot): a writer running along the
+    // address space, whichever thread wrote it (threads filling their own parts of one
+    // region take turns in `wp_last_block`).
+    let after_written = idx > 0 && {
+        let prev = r.ptes.load(idx - 1);
+        prev.state() == PteState::Present && prev.kept_slot().is_none()
+    };
+    let whole = nearby || after_written || !s.config.wp_block_adapt;
     let block_end = (block_start + BLOCK_PAGES).min(r.n_pages);
     let mut locked = [None; BLOCK_PAGES];
     let first = r.ptes.lock(idx);
