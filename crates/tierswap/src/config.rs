@@ -382,8 +382,9 @@ pub struct PagerConfig {
     /// saved, ~3 pool faults each), down to `pool_floor_pct`; instead of short refaults and
     /// reclaim's crowded looks. On by default: with page stamps, the block only for nearby
     /// writes and write prediction it served more requests than without on every program
-    /// of the programs lab but python-dict's uniform lookups (within their spread), and
-    /// held the seed suite (docs/lab/write-predict/). Lab variant `[no-]pool-weigh`.
+    /// of the programs lab but python-dict's uniform lookups (within their spread); the seed
+    /// suite within its spread but concurrent, 7 % slower in a rerun with the same counters
+    /// (docs/lab/write-predict/). Lab variant `[no-]pool-weigh`.
     pub pool_weigh: bool,
     /// A write fault on a clean page makes its whole 64 KiB block writable (giving up the
     /// kept slots of its present pages) only when the region's previous write fault was in
