@@ -388,7 +388,8 @@ pub struct PagerConfig {
     pub pool_weigh: bool,
     /// A write fault on a clean page makes its whole 64 KiB block writable (giving up the
     /// kept slots of its present pages) only when the region's previous write fault was in
-    /// the same block or a neighbour: a program writing back what it read sequentially.
+    /// the same block or a neighbour, or the page before it is written already (present
+    /// without a kept slot): a program writing back what it read sequentially.
     /// Other writes give up only the written page's slot, so the pages around it stay clean
     /// and leave again without compression or IO. Off: every write fault takes its block.
     /// On by default (docs/lab/write-predict/). Lab variant `[no-]wp-adapt`.

@@ -428,11 +428,20 @@ fn clean_pages_are_evicted_again_without_compression_and_writes_are_never_lost()
     assert_eq!(p.stats().swap_slots, 0, "kept slots are freed with the region");
 }
 
-/// Page `pg` of `r` as a mutable slice.
-fn page_mut(r: &tierswap::Region, pg: usize) -> &mut [u8] {
-    // SAFETY: pg is within the region, which the caller owns; no other reference to these
-    // bytes is alive while the slice is used.
-    unsafe { std::slice::from_raw_parts_mut(r.as_ptr().add(pg * PAGE), PAGE) }
+/// Page `pg` of `r`.
+fn page_mut(r: &mut tierswap::Region, pg: usize) -> &mut [u8] {
+    &mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE]
+}
+
+/// A pager whose read faults bring one page each (Random regions, no stride prefetch), with
+/// the two settings for writes to clean pages as given.
+fn writes_pager(wp_block_adapt: bool, write_predict: bool) -> Pager {
+    start(PagerConfig {
+        wp_block_adapt,
+        write_predict,
+        stride_prefetch_max_pages: 0,
+        ..config(64 << 20, "zero,pool", FaultMode::Thread, 1)
+    })
 }
 
 #[test]
@@ -441,18 +450,13 @@ fn where_reads_are_written_at_once_pages_come_in_writable() {
     // 32 such pairs read faults install pages writable, one in 8 still clean to measure.
     let n = 2048;
     for predict in [false, true] {
-        let p = start(PagerConfig {
-            write_predict: predict,
-            wp_block_adapt: true,
-            stride_prefetch_max_pages: 0,
-            ..config(64 << 20, "zero,pool", FaultMode::Thread, 1)
-        });
-        let r = evicted_region(&p, n, Hint::Random);
+        let p = writes_pager(true, predict);
+        let mut r = evicted_region(&p, n, Hint::Random);
         let before = p.stats().counters;
         for k in 0..n {
             let pg = (k * 37) % n;
-            assert!(page_matches(page_mut(&r, pg), pg, 0), "{predict}: page {pg}");
-            fill_page(page_mut(&r, pg), pg, 7);
+            assert!(page_matches(page_mut(&mut r, pg), pg, 0), "{predict}: page {pg}");
+            fill_page(page_mut(&mut r, pg), pg, 7);
         }
         let c = p.stats().counters;
         let (faults, wp) = (c.faults_swapped - before.faults_swapped, c.faults_wp - before.faults_wp);
@@ -468,7 +472,7 @@ fn where_reads_are_written_at_once_pages_come_in_writable() {
         let c = p.stats().counters;
         assert_eq!((c.swpout_clean - before.swpout_clean, c.zswpout - before.zswpout), (0, n as u64), "{predict}");
         for pg in 0..n {
-            assert!(page_matches(page_mut(&r, pg), pg, 7), "{predict}: page {pg} has its latest bytes");
+            assert!(page_matches(page_mut(&mut r, pg), pg, 7), "{predict}: page {pg} has its latest bytes");
         }
     }
 }
@@ -481,18 +485,13 @@ fn a_scattered_write_leaves_its_neighbours_clean() {
     let n = 4096;
     let blocks = n / 16;
     for adapt in [false, true] {
-        let p = start(PagerConfig {
-            wp_block_adapt: adapt,
-            write_predict: false,
-            stride_prefetch_max_pages: 0,
-            ..config(64 << 20, "zero,pool", FaultMode::Thread, 1)
-        });
-        let r = evicted_region(&p, n, Hint::Random);
+        let p = writes_pager(adapt, false);
+        let mut r = evicted_region(&p, n, Hint::Random);
         for k in 0..blocks {
             let b = (k * 37) % blocks;
-            assert!(page_matches(page_mut(&r, 16 * b + 1), 16 * b + 1, 0));
-            assert!(page_matches(page_mut(&r, 16 * b), 16 * b, 0));
-            fill_page(page_mut(&r, 16 * b), 16 * b, 5);
+            assert!(page_matches(page_mut(&mut r, 16 * b + 1), 16 * b + 1, 0));
+            assert!(page_matches(page_mut(&mut r, 16 * b), 16 * b, 0));
+            fill_page(page_mut(&mut r, 16 * b), 16 * b, 5);
         }
         let before = p.stats().counters;
         assert_eq!(p.evict_all(), 2 * blocks);
@@ -505,7 +504,7 @@ fn a_scattered_write_leaves_its_neighbours_clean() {
         }
         for pg in 0..n {
             let salt = if pg % 16 == 0 { 5 } else { 0 };
-            assert!(page_matches(page_mut(&r, pg), pg, salt), "{adapt}: page {pg}");
+            assert!(page_matches(page_mut(&mut r, pg), pg, salt), "{adapt}: page {pg}");
         }
     }
 }

@@ -1,7 +1,8 @@
 //! A write to a clean page (present, write-protected, keeping its slot): the slot is given
 //! up and the write let through, for the whole 64 KiB block or (`wp_block_adapt`, unless
-//! the region's last write fault was nearby or the page before is written) the page alone. A write to a page of inherited
-//! memory taken over while still shared makes the page present.
+//! the region's last write fault was nearby or the page before is written) the page alone.
+//! A write to a page of inherited memory taken over while still shared makes the page
+//! present.
 //!
 //! Owns: nothing. Calls: the memory manager's slot release, `uffd` write protection.
 
@@ -28,15 +29,17 @@ pub(super) fn handle_wp_fault(s: &Shared, addr: usize) {
     };
     s.counters.faults_wp.fetch_add(1, Ordering::Relaxed);
     let block_start = idx - idx % BLOCK_PAGES;
+    // Counted whatever the setting: write prediction weighs the same faults.
     let nearby = s.writes.note_write_fault(&r.wp_last_block, idx / BLOCK_PAGES);
-    // The page before written already (present, no kept slot): a writer running along the
+    // The page before written already (present, no kept slot) is a writer running along the
     // address space, whichever thread wrote it (threads filling their own parts of one
     // region take turns in `wp_last_block`).
-    let after_written = idx > 0 && {
-        let prev = r.ptes.load(idx - 1);
-        prev.state() == PteState::Present && prev.kept_slot().is_none()
-    };
-    let whole = nearby || after_written || !s.config.wp_block_adapt;
+    let whole = !s.config.wp_block_adapt
+        || nearby
+        || idx > 0 && {
+            let prev = r.ptes.load(idx - 1);
+            prev.state() == PteState::Present && prev.kept_slot().is_none()
+        };
     let block_end = (block_start + BLOCK_PAGES).min(r.n_pages);
     let mut locked = [None; BLOCK_PAGES];
     let first = r.ptes.lock(idx);

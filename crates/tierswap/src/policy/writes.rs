@@ -41,7 +41,7 @@ impl Writes {
         if self.score.load(Relaxed) < PREDICT_AT {
             return false;
         }
-        self.decided.fetch_add(1, Relaxed) % SAMPLE_EVERY != 0
+        !self.decided.fetch_add(1, Relaxed).is_multiple_of(SAMPLE_EVERY)
     }
 
     /// A read fault brought a page in clean (it kept its slot).
