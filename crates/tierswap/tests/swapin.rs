@@ -349,18 +349,22 @@ fn a_quick_refault_is_working_set_and_activated() {
 #[test]
 fn a_long_refault_distance_is_not_working_set() {
     // 8 MiB budget = 2048 pages; the first pages are refaulted after 8192 more evictions.
-    // Cluster stamps: with each page's own stamp (the default), 0–4 of the 64 came back as
-    // working set in this test, an imprecision not understood yet.
+    // Every page is same-filled (its own word), so the swapped pages take no pool room and
+    // the footprint is the present pages alone: with counter data the pool outgrew the
+    // budget, reclaim evicted each page again while the check read it, and that page's
+    // second refault was rightly working set (evicted an instant before).
     let n = 8192;
     let p = start(PagerConfig {
         swapin_policy: SwapinPolicy::Order0,
-        workingset_page_stamp: false,
         ..config(8 << 20, "zero,pool", FaultMode::Thread, 1)
     });
+    let word = |pg: usize| (pg as u64 + 1) * 0x9e37_79b9;
     let mut r = p.region(2 * n * PAGE, Hint::Normal).unwrap();
     let mem = r.as_mut_slice();
     for pg in 0..2 * n {
-        fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 0);
+        for w in mem[pg * PAGE..(pg + 1) * PAGE].chunks_exact_mut(8) {
+            w.copy_from_slice(&word(pg).to_le_bytes());
+        }
         if pg == 63 {
             // Evict the first block early, then everything else much later.
             p.evict_all();
@@ -370,11 +374,14 @@ fn a_long_refault_distance_is_not_working_set() {
     // (Reclaim may also have evicted pages between their first writes: those refaults
     // are not what this test measures.)
     let before = p.stats().counters;
+    assert!(before.swpout_samefill >= 2 * n as u64, "every page left same-filled: {before:?}");
     let mem = r.as_slice();
     for pg in 0..64 {
-        assert!(page_matches_at(mem, pg, 0));
+        let page = &mem[pg * PAGE..(pg + 1) * PAGE];
+        assert!(page.chunks_exact(8).all(|w| w == word(pg).to_le_bytes()), "page {pg} came back wrong");
     }
     let c = p.stats().counters;
+    assert_eq!(c.swpout_samefill, before.swpout_samefill, "nothing evicted while checking");
     assert!(c.workingset_refault - before.workingset_refault >= 64);
     assert_eq!(
         c.workingset_activate - before.workingset_activate,
