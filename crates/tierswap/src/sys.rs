@@ -424,6 +424,20 @@ pub fn page_map(addr: usize, n_pages: usize) -> io::Result<Vec<u64>> {
     Ok(bytes.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))).collect())
 }
 
+/// Whether each page at `addrs` (page-aligned) is present and mapped by this process
+/// alone, into `alone[k]` for `addrs[k]`: one read of /proc/self/pagemap a page.
+pub fn mapped_alone(addrs: &[usize], alone: &mut [bool]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open("/proc/self/pagemap")?;
+    for (&addr, out) in addrs.iter().zip(alone.iter_mut()) {
+        let mut w = [0u8; 8];
+        f.read_exact_at(&mut w, (addr / crate::page::PAGE_SIZE * 8) as u64)?;
+        let e = u64::from_le_bytes(w);
+        *out = e & PAGEMAP_PRESENT != 0 && e & PAGEMAP_EXCLUSIVE != 0;
+    }
+    Ok(())
+}
+
 /// The mappings of this process that overlap `[start, end)`, clipped to it, in address
 /// order, each with whether it is plain read-write (`rw-`), from /proc/self/maps.
 pub fn mappings_in(start: usize, end: usize) -> io::Result<Vec<(usize, usize, bool)>> {

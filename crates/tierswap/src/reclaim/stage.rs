@@ -512,9 +512,10 @@ impl Reclaim {
     /// reads a page after a fork keeps it out of UFFDIO_MOVE's reach (EBUSY) for good. A
     /// read that pins the page (`process_vm_readv` of this process, which pins the pages
     /// it reads) takes the kernel's unshare path instead: the mark comes back, the pte and
-    /// its write protection stay as they were, no byte changes. Done only when no child is
-    /// left: with one alive, unsharing copies the page for this process and frees nothing;
-    /// the pages noted wait for then. Returns the pages made this process's own.
+    /// its write protection stay as they were, no byte changes. While a child lives, only
+    /// for the pages no other process maps any more (/proc/self/pagemap's exclusive bit:
+    /// every child wrote its own copy or dropped the page): one a child still maps would be
+    /// copied for this process and free nothing. Returns the pages made this process's own.
     /// Called with no lock of the pager's held: a page the program dropped since its move
     /// failed faults here like a program access (mincore first makes that rare), and a
     /// fault thread serves it while this thread holds nothing anyone waits for. Not under a
@@ -522,10 +523,6 @@ impl Reclaim {
     /// process on a system call it did not expect.
     pub(super) fn unshare_busy(&mut self) -> usize {
         if self.busy.is_empty() {
-            return 0;
-        }
-        if self.s.fork.children.live() > 0 {
-            // Kept for when the children are gone (the list holds the first it met).
             return 0;
         }
         if crate::sys::seccomp_filtered() {
@@ -536,8 +533,19 @@ impl Reclaim {
         let mut bytes = [0u8; super::UNSHARE_BATCH];
         let mut local = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; super::UNSHARE_BATCH];
         let mut remote = local;
+        // While a child lives, a page it still maps would be copied by the read (the
+        // kernel's unshare of a page mapped twice): only the pages mapped here alone are
+        // taken, those every child has written (its own copy) or dropped since the fork.
+        let mut alone = [true; super::UNSHARE_BATCH];
+        if self.s.fork.children.live() > 0 && crate::sys::mapped_alone(&self.busy, &mut alone).is_err() {
+            self.busy.clear();
+            return 0;
+        }
         let mut n = 0;
-        for &addr in &self.busy {
+        for (k, &addr) in self.busy.iter().enumerate() {
+            if !alone[k] {
+                continue;
+            }
             if crate::sys::is_resident(addr) {
                 local[n] = libc::iovec { iov_base: bytes[n..].as_mut_ptr().cast(), iov_len: 1 };
                 remote[n] = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: 1 };
