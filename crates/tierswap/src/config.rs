@@ -417,6 +417,12 @@ pub struct PagerConfig {
     /// covers a 4–8 KiB read with room (docs/lab/read-spin/: the programs lab served
     /// 1.01–1.27× the requests a second with it).
     pub file_read_spin_us: u32,
+    /// While it polls a file read's completion, a fault thread gives its CPU to any other
+    /// runnable thread there between looks, and sleeps until the completion once one took
+    /// it (`ioring::yield_while_polling`): the polling then costs a program with more
+    /// threads than CPUs nothing, and a program blocked on its fault (nothing else
+    /// runnable) as little as before. Needs `file_read_spin_us` > 0.
+    pub file_read_yield: bool,
     /// Up to this many file reads in flight for the faults of several program threads: when
     /// a fault thread reads several faults at once (one read of the userfaultfd), the file
     /// read of each faulting page's record goes out ahead on the thread's ring (`ioring.rs`)
@@ -598,6 +604,7 @@ impl Default for PagerConfig {
             encrypt: true,
             fault_spin_us: DEFAULT_FAULT_SPIN_US,
             file_read_spin_us: DEFAULT_FILE_READ_SPIN_US,
+            file_read_yield: false,
             file_batch_reads: DEFAULT_FILE_BATCH_READS,
             background_nice: DEFAULT_BACKGROUND_NICE,
             fault_pin: DEFAULT_FAULT_PIN,
@@ -808,7 +815,7 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
 /// The engine settings a lab variant (`tierswap bench --engine tierswap:SETTING…`) or
 /// `tierswap run --set` may change, as they are spelled (for help and error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), pool-floor=PCT (the least the pool limit that follows the workload goes down to, percent of the budget), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]wp-adapt, [no-]write-predict, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]wp-adapt, [no-]write-predict, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, [no-]read-yield, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// The largest stride prefetch window a setting may ask for, in pages.
 const MAX_SETTING_PREFETCH_PAGES: u32 = 1024;
@@ -887,6 +894,9 @@ pub enum Setting {
     SpinUs(u32),
     /// `read-spin=US`: how long a fault thread polls its file read's completion.
     ReadSpinUs(u32),
+    /// `read-yield` / `no-read-yield`: a fault thread polling its file read gives its CPU
+    /// to other runnable threads.
+    ReadYield(bool),
     /// `batch-reads=N`: file reads in flight for the faults of several program threads.
     BatchReads(u32),
     /// `follow` / `no-follow`: one fault thread polls, the one on the program's CPU.
@@ -949,6 +959,7 @@ impl Setting {
             Setting::WholeEvidence(n) => config.file_whole_evidence = n,
             Setting::SpinUs(us) => config.fault_spin_us = us,
             Setting::ReadSpinUs(us) => config.file_read_spin_us = us,
+            Setting::ReadYield(on) => config.file_read_yield = on,
             Setting::BatchReads(n) => config.file_batch_reads = n,
             Setting::FaultThreads(n) => config.fault_threads = n,
             Setting::Follow(on) => config.fault_follow = on,
@@ -1053,6 +1064,8 @@ impl Setting {
             "no-wp-adapt" => switch(Setting::WpAdapt, false),
             "write-predict" => switch(Setting::WritePredict, true),
             "no-write-predict" => switch(Setting::WritePredict, false),
+            "read-yield" => switch(Setting::ReadYield, true),
+            "no-read-yield" => switch(Setting::ReadYield, false),
             "read-next-unit" => switch(Setting::ReadNextUnit, true),
             "no-read-next-unit" => switch(Setting::ReadNextUnit, false),
             "learn-blocks" => switch(Setting::LearnBlocks, true),
@@ -1207,6 +1220,7 @@ mod setting_tests {
         ("follow", "fault_follow"),
         ("throttle-headroom", "throttle_headroom"),
         ("read-next-unit", "file_read_next_unit"),
+        ("read-yield", "file_read_yield"),
     ];
 
     /// Each valued setting with a value other than the default, the field it sets and the

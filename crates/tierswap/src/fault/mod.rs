@@ -73,12 +73,15 @@ pub(crate) fn fault_thread(s: Arc<Shared>, index: usize) {
     s.wake.watch.register(index);
     if s.config.file_read_spin_us > 0 && s.config.tiers.file && index < crate::ioring::MAX_RINGS {
         let spin = Duration::from_micros(s.config.file_read_spin_us as u64);
-        if let Err(e) = crate::ioring::spin_reads(spin) {
-            // Said once a process (io_uring may be off for all: a container's seccomp
-            // profile, kernel.io_uring_disabled).
-            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-            if !SAID.swap(true, Ordering::Relaxed) {
-                eprintln!("tierswap: fault threads read the swap file with pread, not polled: no io_uring ({e})");
+        match crate::ioring::spin_reads(spin) {
+            Ok(()) => crate::ioring::yield_while_polling(s.config.file_read_yield),
+            Err(e) => {
+                // Said once a process (io_uring may be off for all: a container's seccomp
+                // profile, kernel.io_uring_disabled).
+                static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                if !SAID.swap(true, Ordering::Relaxed) {
+                    eprintln!("tierswap: fault threads read the swap file with pread, not polled: no io_uring ({e})");
+                }
             }
         }
     }
