@@ -236,7 +236,10 @@ fn parent_beside_a_copier() {
     let child_ok = libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0;
     let _ = std::fs::write(
         &verdict,
-        format!("bad pages {bad}, child ok {child_ok}, unshared beside it {}, footprint {footprint_mib} MiB\n", unshared > 0),
+        format!(
+            "bad pages {bad}, child ok {child_ok}, unshared beside it {}, footprint {footprint_mib} MiB\n",
+            unshared > 0
+        ),
     );
 }
 
