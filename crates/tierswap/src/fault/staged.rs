@@ -59,7 +59,7 @@ pub(super) fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) -> Option<
     }
     s.acct.staged_pages.fetch_sub(moved_pages, Ordering::Relaxed);
     s.acct.present_pages.fetch_add(moved_pages, Ordering::Relaxed);
-    s.counters.fault_around_pages.fetch_add(moved_pages.saturating_sub(1) as u64, Ordering::Relaxed);
+    s.counters.fault_around_pages.fetch_add(neighbours_moved(moved_pages), Ordering::Relaxed);
     s.counters.pgactivate.fetch_add(moved_pages as u64, Ordering::Relaxed);
     Some((block_start, block_end))
 }
@@ -68,6 +68,12 @@ pub(super) fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) -> Option<
 /// them as present: active, or (with `active_protect_pct`) only the faulting page `idx`,
 /// so that fault-around does not activate neighbours nobody touched. Returns the number of
 /// pages moved or zero-filled.
+/// The neighbours among `moved` pages moved back for one fault: all but the faulting page.
+/// None when nothing moved (the faulting page stayed staged for an unmap's event handler).
+fn neighbours_moved(moved: i64) -> u64 {
+    (moved - 1).max(0) as u64
+}
+
 fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize, idx: usize) -> i64 {
     let all_active = s.config.active_protect_pct == 0;
     let mut i = from;
@@ -178,5 +184,17 @@ fn unlock_unchanged(r: &RegionInner, from: usize, to: usize) {
     for k in from..to {
         let old = r.ptes.load(k);
         r.ptes.unlock(k, old, old);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::neighbours_moved;
+
+    #[test]
+    fn a_fault_that_moved_nothing_counts_no_neighbours() {
+        assert_eq!(neighbours_moved(0), 0);
+        assert_eq!(neighbours_moved(1), 0);
+        assert_eq!(neighbours_moved(16), 15);
     }
 }
