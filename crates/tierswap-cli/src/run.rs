@@ -67,8 +67,8 @@ system call's too. signal serves it in the faulting thread itself, in a SIGBUS h
 faster (no hand-off between CPUs), but a read(2)/write(2) (or any system call) whose buffer \
 is swapped out, or malloc'd and not touched yet, fails with EFAULT (what glibc allocates \
 for itself, a stdio stream's buffer, a directory stream's, stays unmanaged in signal mode \
-so these work), and a program that installs its own SIGBUS handler must call the previous \
-one for faults that are not its own.
+so these work). A SIGBUS handler the program installs (sigaction, signal) is kept behind \
+the pager's, which passes it every SIGBUS that is not a fault on managed memory.
 
 The budget covers the process tree, as a memory cgroup's limit does: PROG, its forked \
 children and the programs they exec share it, each process with a pager charging its \

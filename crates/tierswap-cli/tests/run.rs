@@ -90,6 +90,27 @@ fn a_program_that_exits_takes_its_control_socket_with_it() {
     assert!(left.is_empty(), "sockets left after the program exited: {left:?}");
 }
 
+/// A program that installs its own SIGBUS handler (redis, the JVM, Go's runtime do) keeps
+/// being served in signal mode: the pager's handler stays the kernel's, the program's gets
+/// the SIGBUS that are not the pager's (a `kill`), asking for the action returns the
+/// program's handler, and the default action put back and raised ends the process by
+/// SIGBUS. The same program in thread mode, where nothing is interposed, behaves the same.
+#[test]
+fn a_program_with_its_own_sigbus_handler_is_still_served() {
+    let dir = TestDir::new("ownsigbus");
+    let prog = compile(&dir, "ownsigbus");
+    for mode in ["thread", "signal"] {
+        for how in ["sigaction", "signal"] {
+            let ran = run_within(
+                tierswap_run(&["--budget", "8M", "--fault-mode", mode], &prog, &[how]),
+                Duration::from_secs(60),
+            );
+            assert!(ran.stdout.contains("ownsigbus ok"), "{mode} {how}: {}", ran.describe());
+            assert_eq!(ran.status.signal(), Some(libc::SIGBUS), "{mode} {how}: {}", ran.describe());
+        }
+    }
+}
+
 #[test]
 fn signals_pass_through() {
     let dir = TestDir::new("signals");

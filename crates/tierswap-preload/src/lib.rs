@@ -72,6 +72,7 @@ pub mod heap;
 #[cfg(not(test))]
 mod interpose;
 pub mod raw;
+mod signals;
 pub mod zones;
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
@@ -424,6 +425,7 @@ fn program_name() -> String {
 /// The constructor: reads the environment and starts the pager, or says why not.
 extern "C" fn init() {
     find_libc_usable_size();
+    signals::find_libc_signals();
     let (cfg, settings) = match config_from_env() {
         Ok(x) => x,
         Err(reason) => return refuse(&reason),
@@ -512,11 +514,15 @@ fn refuse_strict(reason: &str) -> ! {
 /// flushed stdout buffer, getdents64), and in signal mode a system call whose buffer is
 /// swapped out fails with EFAULT: a program's buffered output was lost at exit when its
 /// stdout buffer had been evicted. The malloc family asks who called it and leaves such
-/// allocations to glibc, unmanaged (a few KiB per stream).
-pub(crate) static LIBC_TEXT: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+/// allocations to glibc, unmanaged (a few KiB per stream). The same for the dynamic
+/// loader's allocations (`[2]..[4]`, its executable segment): a thread's DTV, which every
+/// thread-local access reads, the pager's SIGBUS handler's included. Managed, it was
+/// evicted, and the handler's own thread-local access faulted inside the handler: a JVM's
+/// threads each held a fault buffer and waited for another, for ever.
+pub(crate) static LIBC_TEXT: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
 
-/// Finds glibc's executable segment for [`LIBC_TEXT`] (a plain walk of the loaded objects;
-/// it may allocate: the shim is not serving yet).
+/// Finds the executable segments of glibc and of the loader for [`LIBC_TEXT`] (a plain walk
+/// of the loaded objects; it may allocate: the shim is not serving yet).
 fn find_libc_text() {
     unsafe extern "C" fn visit(
         info: *mut libc::dl_phdr_info,
@@ -532,26 +538,34 @@ fn find_libc_text() {
         // SAFETY: as above.
         let name = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_bytes();
         let file = name.rsplit(|&b| b == b'/').next().unwrap_or(name);
-        if !file.starts_with(b"libc.so") {
+        let at = if file.starts_with(b"libc.so") {
+            0
+        } else if file.starts_with(b"ld-linux") {
+            2
+        } else {
             return 0;
-        }
+        };
         // SAFETY: as above.
         let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
         let Some(text) = phdrs.iter().find(|ph| ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_X != 0) else {
             return 0;
         };
         let start = info.dlpi_addr as usize + text.p_vaddr as usize;
-        LIBC_TEXT[0].store(start, Ordering::Relaxed);
-        LIBC_TEXT[1].store(start + text.p_memsz as usize, Ordering::Relaxed);
-        1
+        LIBC_TEXT[at].store(start, Ordering::Relaxed);
+        LIBC_TEXT[at + 1].store(start + text.p_memsz as usize, Ordering::Relaxed);
+        // Both found: done.
+        i32::from(LIBC_TEXT[0].load(Ordering::Relaxed) != 0 && LIBC_TEXT[2].load(Ordering::Relaxed) != 0)
     }
     // SAFETY: dl_iterate_phdr calls `visit` once per loaded object, on this thread.
     unsafe { libc::dl_iterate_phdr(Some(visit), std::ptr::null_mut()) };
 }
 
-/// Whether `caller` (a return address) is inside glibc: see [`LIBC_TEXT`].
+/// Whether `caller` (a return address) is inside glibc or the loader: see [`LIBC_TEXT`].
 pub(crate) fn called_from_libc(caller: usize) -> bool {
-    caller >= LIBC_TEXT[0].load(Ordering::Relaxed) && caller < LIBC_TEXT[1].load(Ordering::Relaxed)
+    let inside = |at: usize| {
+        caller >= LIBC_TEXT[at].load(Ordering::Relaxed) && caller < LIBC_TEXT[at + 1].load(Ordering::Relaxed)
+    };
+    inside(0) || inside(2)
 }
 
 fn find_libc_usable_size() {

@@ -20,10 +20,14 @@
 //!
 //! A program that installs its own SIGBUS handler after the pager must call
 //! [`serve`] first (or chain to the previous handler) for signals it does not expect.
+//! Under `tierswap run` it need not: the shim interposes `sigaction` and `signal`, and a
+//! SIGBUS action the program sets through them becomes [`program_sigaction`]'s: ours stays
+//! installed and passes what is not ours to the program's handler (redis, the JVM and Go's
+//! runtime install one at start; each replaced ours and died at its first fault).
 
 use std::ptr;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Once, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Once;
 
 use crate::fault::signal::{serve_in_thread, SignalServer};
 
@@ -54,8 +58,113 @@ const EMPTY: Entry = Entry {
 static PAGERS: [Entry; MAX_PAGERS] = [EMPTY; MAX_PAGERS];
 
 static INSTALL: Once = Once::new();
-/// The SIGBUS action before ours: signals that are not ours go there.
-static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+/// The SIGBUS action before ours: signals that are not ours go there. Set once at install;
+/// then changed only by [`program_sigaction`] (the program's own action, as it set it).
+static PREVIOUS: ProgramAction = ProgramAction::new();
+/// Whether the kernel's SIGBUS action is ours: from install until [`default_action`] puts
+/// the default back.
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// libc's `sigaction`, the real one, when a shim interposes the symbol (0: `libc::sigaction`
+/// as linked). See [`set_real_sigaction`].
+static REAL_SIGACTION: AtomicUsize = AtomicUsize::new(0);
+
+/// The action signals that are not ours go to, read by the handler and written by the
+/// program's `sigaction` calls. Two slots and the index of the current one: a writer fills
+/// the other slot and then flips the index, so a handler reads a whole action even when it
+/// interrupts a write on its own thread. `writing` is the writers' lock: it guards the
+/// spare slot. It is taken with a bounded spin, since a program may call `sigaction` from a
+/// handler that interrupted its own `sigaction`: then the two writes may interleave, and
+/// the action last written wins or is mixed (a program doing that races itself anyway).
+struct ProgramAction {
+    slots: [std::cell::UnsafeCell<libc::sigaction>; 2],
+    current: AtomicUsize,
+    writing: AtomicBool,
+    set: AtomicBool,
+}
+
+// SAFETY: the slots are read and written only as described on the type: a writer writes
+// only the slot `current` does not name, under `writing`.
+unsafe impl Sync for ProgramAction {}
+
+impl ProgramAction {
+    const fn new() -> Self {
+        // SAFETY: an all-zero sigaction is a valid value (SIG_DFL, empty mask, no flags).
+        let zero = unsafe { std::mem::MaybeUninit::<libc::sigaction>::zeroed().assume_init() };
+        ProgramAction {
+            slots: [std::cell::UnsafeCell::new(zero), std::cell::UnsafeCell::new(zero)],
+            current: AtomicUsize::new(0),
+            writing: AtomicBool::new(false),
+            set: AtomicBool::new(false),
+        }
+    }
+
+    fn get(&self) -> Option<libc::sigaction> {
+        if !self.set.load(Ordering::Acquire) {
+            return None;
+        }
+        // SAFETY: `current` names a slot no writer writes (see the type).
+        Some(unsafe { *self.slots[self.current.load(Ordering::Acquire) & 1].get() })
+    }
+
+    fn put(&self, a: &libc::sigaction) {
+        let mut spins = 0;
+        while self.writing.swap(true, Ordering::Acquire) && spins < 10_000 {
+            spins += 1;
+            std::hint::spin_loop();
+        }
+        let spare = (self.current.load(Ordering::Acquire) + 1) & 1;
+        // SAFETY: the spare slot: no reader loads it until `current` names it below.
+        unsafe { *self.slots[spare].get() = *a };
+        self.current.store(spare, Ordering::Release);
+        self.set.store(true, Ordering::Release);
+        self.writing.store(false, Ordering::Release);
+    }
+}
+
+/// Tells this module where libc's own `sigaction` is, for a shim that interposes the symbol
+/// (its interposer would otherwise be the one the handler's installation reaches). `f` is
+/// the address of a function of `sigaction(2)`'s type.
+pub fn set_real_sigaction(f: usize) {
+    REAL_SIGACTION.store(f, Ordering::Relaxed);
+}
+
+/// `sigaction(2)` itself, past any interposer.
+///
+/// # Safety
+/// As `libc::sigaction`: `new` and `old` null or valid.
+unsafe fn real_sigaction(sig: libc::c_int, new: *const libc::sigaction, old: *mut libc::sigaction) -> libc::c_int {
+    let f = REAL_SIGACTION.load(Ordering::Relaxed);
+    if f == 0 {
+        // SAFETY: the caller's promise.
+        return unsafe { libc::sigaction(sig, new, old) };
+    }
+    // SAFETY: `set_real_sigaction`'s promise: a function of this type.
+    let f: unsafe extern "C" fn(libc::c_int, *const libc::sigaction, *mut libc::sigaction) -> libc::c_int =
+        unsafe { std::mem::transmute(f) };
+    // SAFETY: the caller's promise.
+    unsafe { f(sig, new, old) }
+}
+
+/// For a shim interposing `sigaction(2)` for SIGBUS: when this module's handler is the
+/// kernel's SIGBUS action in this process, the program's action is kept here instead (what
+/// is not ours is passed to it) and the call is answered from here: `old` gets the
+/// program's previous action (the one before the pager's, until the program set one),
+/// `new` becomes its action. Returns false, touching nothing, when the handler is not
+/// installed (thread mode, or the default action put back): the caller makes the real call.
+pub fn program_sigaction(new: Option<&libc::sigaction>, old: Option<&mut libc::sigaction>) -> bool {
+    if !INSTALLED.load(Ordering::Acquire) {
+        return false;
+    }
+    if let Some(old) = old {
+        if let Some(prev) = PREVIOUS.get() {
+            *old = prev;
+        }
+    }
+    if let Some(new) = new {
+        PREVIOUS.put(new);
+    }
+    true
+}
 
 /// Registers `server` for the handler (installing it on first use); returns its place for
 /// [`unregister`].
@@ -112,16 +221,17 @@ fn install() -> std::io::Result<()> {
                 libc::sigdelset(&mut sa.sa_mask, sig);
             }
             let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(libc::SIGBUS, &sa, &mut old) != 0 {
+            if real_sigaction(libc::SIGBUS, &sa, &mut old) != 0 {
                 result = Err(std::io::Error::last_os_error());
                 return;
             }
-            let _ = PREVIOUS.set(old);
+            PREVIOUS.put(&old);
+            INSTALLED.store(true, Ordering::Release);
             libc::pthread_atfork(Some(before_fork), None, None);
         }
     });
     result?;
-    if PREVIOUS.get().is_none() {
+    if !INSTALLED.load(Ordering::Acquire) {
         return Err(std::io::Error::other("the SIGBUS handler could not be installed earlier in this process"));
     }
     Ok(())
@@ -232,35 +342,55 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     }
 }
 
-/// Hands a signal that is not ours to the action that was there before.
+/// Hands a signal that is not ours to the program's action (the one before ours, or the one
+/// the program set since through [`program_sigaction`]).
 fn pass_on(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let Some(prev) = PREVIOUS.get() else { return default_action(sig) };
+    // SAFETY: the kernel's siginfo for this signal.
+    let sent = !info.is_null() && unsafe { (*info).si_code } <= 0;
+    let Some(prev) = PREVIOUS.get() else { return default_action(sig, sent) };
     let h = prev.sa_sigaction;
     if h == libc::SIG_DFL {
-        default_action(sig)
-    } else if h == libc::SIG_IGN {
-        // Ignoring a synchronous SIGBUS retries the access for ever: end as the kernel would.
-        default_action(sig)
-    } else if prev.sa_flags & libc::SA_SIGINFO != 0 {
-        // SAFETY: the previous handler was installed for SIGBUS with SA_SIGINFO, so it has
-        // this type; it gets the kernel's own arguments.
+        return default_action(sig, sent);
+    }
+    if h == libc::SIG_IGN {
+        if !sent {
+            // Ignoring a synchronous SIGBUS retries the access for ever: end as the kernel would.
+            default_action(sig, false)
+        }
+        return;
+    }
+    if prev.sa_flags & libc::SA_RESETHAND as libc::c_int != 0 {
+        // A one-shot handler: the program's action is the default from now on, as the
+        // kernel would have made it.
+        // SAFETY: an all-zero sigaction is SIG_DFL with an empty mask.
+        PREVIOUS.put(&unsafe { std::mem::zeroed() });
+    }
+    if prev.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the program's handler was set for SIGBUS with SA_SIGINFO, so it has this
+        // type; it gets the kernel's own arguments.
         let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = unsafe { std::mem::transmute(h) };
         f(sig, info, ctx);
     } else {
-        // SAFETY: a one-argument handler installed for SIGBUS.
+        // SAFETY: a one-argument handler set for SIGBUS.
         let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
         f(sig);
     }
 }
 
 /// Puts the default action back; the retried access then takes it (the process ends with
-/// SIGBUS, as it would have without us).
-fn default_action(sig: libc::c_int) {
+/// SIGBUS, as it would have without us). A signal that was sent (`kill`, `raise`: no access
+/// to retry) is sent again, and the default action takes it at once (SIGBUS is not blocked
+/// in this handler).
+fn default_action(sig: libc::c_int, sent: bool) {
+    INSTALLED.store(false, Ordering::Release);
     // SAFETY: a zeroed sigaction is SIG_DFL with an empty mask; only this signal's action
-    // changes.
+    // changes. raise(3) is async-signal-safe.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = libc::SIG_DFL;
-        libc::sigaction(sig, &sa, ptr::null_mut());
+        real_sigaction(sig, &sa, ptr::null_mut());
+        if sent {
+            libc::raise(sig);
+        }
     }
 }
