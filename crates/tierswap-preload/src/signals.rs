@@ -38,6 +38,17 @@ pub(crate) fn find_libc_signals() {
     }
 }
 
+/// libc's function kept in `slot`, looked up now when a call comes before the constructor
+/// (another library's); 0 when libc has none.
+fn libc_fn(slot: &AtomicUsize) -> usize {
+    let f = slot.load(Ordering::Relaxed);
+    if f != 0 {
+        return f;
+    }
+    find_libc_signals();
+    slot.load(Ordering::Relaxed)
+}
+
 /// sigaction(2).
 ///
 /// # Safety
@@ -51,12 +62,7 @@ pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, olda
             return 0;
         }
     }
-    let mut f = REAL_SIGACTION.load(Ordering::Relaxed);
-    if f == 0 {
-        // Called before the constructor (another library's): look it up now.
-        find_libc_signals();
-        f = REAL_SIGACTION.load(Ordering::Relaxed);
-    }
+    let f = libc_fn(&REAL_SIGACTION);
     if f == 0 {
         crate::raw::set_errno(libc::ENOSYS);
         return -1;
@@ -90,11 +96,7 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: sighandler_t) -> sighandler
             return old.sa_sigaction;
         }
     }
-    let mut f = REAL_SIGNAL.load(Ordering::Relaxed);
-    if f == 0 {
-        find_libc_signals();
-        f = REAL_SIGNAL.load(Ordering::Relaxed);
-    }
+    let f = libc_fn(&REAL_SIGNAL);
     if f == 0 {
         crate::raw::set_errno(libc::ENOSYS);
         return libc::SIG_ERR;
