@@ -64,16 +64,16 @@ pub(super) fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) -> Option<
     Some((block_start, block_end))
 }
 
-/// Moves locked staged pages `[from, to)` from the mirror back into the region and unlocks
-/// them as present: active, or (with `active_protect_pct`) only the faulting page `idx`,
-/// so that fault-around does not activate neighbours nobody touched. Returns the number of
-/// pages moved or zero-filled.
 /// The neighbours among `moved` pages moved back for one fault: all but the faulting page.
 /// None when nothing moved (the faulting page stayed staged for an unmap's event handler).
 fn neighbours_moved(moved: i64) -> u64 {
     (moved - 1).max(0) as u64
 }
 
+/// Moves locked staged pages `[from, to)` from the mirror back into the region and unlocks
+/// them as present: active, or (with `active_protect_pct`) only the faulting page `idx`,
+/// so that fault-around does not activate neighbours nobody touched. Returns the number of
+/// pages moved or zero-filled.
 fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize, idx: usize) -> i64 {
     let all_active = s.config.active_protect_pct == 0;
     let mut i = from;
