@@ -18,6 +18,8 @@ pub const DEFAULT_SWAPIN_START_PAGES: u32 = 2;
 /// sorting and stringifying 3.2 M objects under 240 MiB ran in 65 s instead of 146 s, and
 /// the seed suite measured the same (`docs/lab/active-protect/`).
 pub const DEFAULT_ACTIVE_PROTECT_PCT: u32 = 95;
+/// The inactive list's size, percent of the budget (see [`PagerConfig::inactive_pct`]).
+pub const DEFAULT_INACTIVE_PCT: u32 = 12;
 /// Default number of smaller file reads in a row whose evidence turns whole-unit reads
 /// back on (see `PagerConfig::file_whole_evidence`).
 pub const DEFAULT_FILE_WHOLE_EVIDENCE: u32 = 2;
@@ -461,6 +463,31 @@ pub struct PagerConfig {
     /// page-table locks and flush the TLB page by page (the zero workload's refault went
     /// 0.9 → 2.4 s). On by default; lab variant `[no-]stage-ahead`.
     pub stage_ahead: bool,
+    /// The inactive list's size (staged pages, present in memory but unmapped from the
+    /// program, so that a touch is seen as a fault), percent of the budget's pages (at least
+    /// 256 pages). This is how pages are proved hot without accessed bits: a page touched
+    /// while staged comes back for the cost of a move and is activated; one not touched
+    /// before it reaches the list's end is evicted. The kernel keeps its inactive anon list
+    /// as large as the active one below 1 GiB (`inactive_ratio` 1), and reads the accessed
+    /// bits of the pages on it for free.
+    pub inactive_pct: u32,
+    /// Reclaim stages up to four batches for each one it evicts while the inactive list is
+    /// under [`PagerConfig::inactive_pct`], so the list reaches its size. Off, it stages one
+    /// batch per batch evicted (two under a 2 MiB reserve, [`PagerConfig::stage_ahead`]), and
+    /// the list never grows past a few MiB whatever its target: a page had ~40 ms to prove
+    /// itself at python-dict's eviction rate. Lab variant `[no-]stage-fill`.
+    pub stage_fill: bool,
+    /// With workingset detection, the inactive list shrinks (halving, down to 256 pages)
+    /// while activations exceed a quarter of evictions, on the reasoning that staging only
+    /// adds a move out and back when nothing fits. Lab variant `[no-]thrash-shrink`.
+    pub inactive_thrash_shrink: bool,
+    /// A fault on a staged page brings its staged neighbours back with it (fault-around)
+    /// only when it lands within two pages of where the region's previous staged fault
+    /// left off: a program running along the address space. A lone touch brings its page
+    /// alone, and the untouched neighbours stay on the inactive list to be judged; brought
+    /// back, they sat present for a whole round of the hand while touched pages elsewhere
+    /// were evicted. Off: every staged fault takes its block. Lab variant `[no-]staged-adapt`.
+    pub staged_around_adapt: bool,
     /// Reclaim evicts on to its low watermark (1/12 under the budget) only while faults wait
     /// for room: when none did during its last batch it stops at the high watermark (1/32
     /// under). Taking any fault during the batch as the sign (off), a program faulting
@@ -615,6 +642,10 @@ impl Default for PagerConfig {
             background_idle: false,
             direct_reclaim: DEFAULT_DIRECT_RECLAIM,
             stage_ahead: true,
+            inactive_pct: DEFAULT_INACTIVE_PCT,
+            stage_fill: false,
+            inactive_thrash_shrink: true,
+            staged_around_adapt: false,
             throttle_headroom: true,
             pool_adapt: true,
             pool_compact: false,
@@ -721,6 +752,9 @@ impl PagerConfig {
         if self.active_protect_pct > 100 {
             return Err(ConfigError::ActiveProtect(self.active_protect_pct));
         }
+        if !(1..=75).contains(&self.inactive_pct) {
+            return Err(ConfigError::Inactive(self.inactive_pct));
+        }
         let st = self.swapin_start_pages;
         if !st.is_power_of_two() || st > MAX_SWAPIN_PAGES {
             return Err(ConfigError::SwapinStart(st as u64 * crate::page::PAGE_SIZE as u64));
@@ -762,6 +796,9 @@ pub enum ConfigError {
     /// The active pages' share is over 100 %.
     #[error("active pages' share of {0} %: give 0 (off) to 100")]
     ActiveProtect(u32),
+    /// The inactive list's share is outside 1–75 %.
+    #[error("inactive list of {0} % of the budget: give 1 to 75 (e.g. inactive=50)")]
+    Inactive(u32),
     /// The first large swap-in of a stream is not a power of two up to 2 MiB.
     #[error("first swap-in of a stream of {0} bytes: give a power of two from 4K to 2M (e.g. swapin-start=8K)")]
     SwapinStart(u64),
@@ -815,8 +852,8 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
 
 /// The engine settings a lab variant (`tierswap bench --engine tierswap:SETTING…`) or
 /// `tierswap run --set` may change, as they are spelled (for help and error messages).
-pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), pool-floor=PCT (the least the pool limit that follows the workload goes down to, percent of the budget), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]wp-adapt, [no-]write-predict, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, [no-]read-yield, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), pool-floor=PCT (the least the pool limit that follows the workload goes down to, percent of the budget), inactive=PCT (the inactive list's size, percent of the budget, 1..75), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]wp-adapt, [no-]write-predict, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]stage-fill, [no-]thrash-shrink, [no-]staged-adapt, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, [no-]read-yield, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// The largest stride prefetch window a setting may ask for, in pages.
 const MAX_SETTING_PREFETCH_PAGES: u32 = 1024;
@@ -889,6 +926,14 @@ pub enum Setting {
     /// `stage-ahead` / `no-stage-ahead`: the reclaim thread keeps 2 MiB staged ahead of its
     /// own eviction, for direct reclaimers to evict from.
     StageAhead(bool),
+    /// `inactive=PCT`: the inactive list's size, percent of the budget.
+    InactivePct(u32),
+    /// `stage-fill` / `no-stage-fill`: reclaim stages ahead until the inactive list is full.
+    StageFill(bool),
+    /// `thrash-shrink` / `no-thrash-shrink`: the inactive list shrinks while most refaults activate.
+    ThrashShrink(bool),
+    /// `staged-adapt` / `no-staged-adapt`: a staged fault brings its block only after another nearby.
+    StagedAdapt(bool),
     /// `read-next-unit` / `no-read-next-unit`: whole-unit file reads take the next unit too.
     ReadNextUnit(bool),
     /// `spin=US`: the fault threads' adaptive spin.
@@ -956,6 +1001,10 @@ impl Setting {
             Setting::LearnBlocks(on) => config.swapin_learn_blocks = on,
             Setting::DirectReclaim(on) => config.direct_reclaim = on,
             Setting::StageAhead(on) => config.stage_ahead = on,
+            Setting::InactivePct(p) => config.inactive_pct = p,
+            Setting::StageFill(on) => config.stage_fill = on,
+            Setting::ThrashShrink(on) => config.inactive_thrash_shrink = on,
+            Setting::StagedAdapt(on) => config.staged_around_adapt = on,
             Setting::ReadNextUnit(on) => config.file_read_next_unit = on,
             Setting::WholeEvidence(n) => config.file_whole_evidence = n,
             Setting::SpinUs(us) => config.fault_spin_us = us,
@@ -1020,6 +1069,8 @@ impl Setting {
             "active-protect" => {
                 number("50", "a percentage from 0 (off) to 100", 0..=100).map(|p| Setting::ActiveProtectPct(p as u32))
             }
+            "inactive" => number("50", "a percentage of the budget from 1 to 75", 1..=75)
+                .map(|p| Setting::InactivePct(p as u32)),
             "whole-evidence" => {
                 number("2", "a count of reads from 1 to 8", 1..=8).map(|n| Setting::WholeEvidence(n as u32))
             }
@@ -1079,6 +1130,12 @@ impl Setting {
             "no-follow" => switch(Setting::Follow, false),
             "stage-ahead" => switch(Setting::StageAhead, true),
             "no-stage-ahead" => switch(Setting::StageAhead, false),
+            "stage-fill" => switch(Setting::StageFill, true),
+            "no-stage-fill" => switch(Setting::StageFill, false),
+            "thrash-shrink" => switch(Setting::ThrashShrink, true),
+            "no-thrash-shrink" => switch(Setting::ThrashShrink, false),
+            "staged-adapt" => switch(Setting::StagedAdapt, true),
+            "no-staged-adapt" => switch(Setting::StagedAdapt, false),
             "keep-clean" => switch(Setting::KeepClean, true),
             "no-keep-clean" => switch(Setting::KeepClean, false),
             "encrypt" => switch(Setting::Encrypt, true),
@@ -1218,6 +1275,9 @@ mod setting_tests {
         ("learn-blocks", "swapin_learn_blocks"),
         ("direct-reclaim", "direct_reclaim"),
         ("stage-ahead", "stage_ahead"),
+        ("stage-fill", "stage_fill"),
+        ("thrash-shrink", "inactive_thrash_shrink"),
+        ("staged-adapt", "staged_around_adapt"),
         ("follow", "fault_follow"),
         ("throttle-headroom", "throttle_headroom"),
         ("read-next-unit", "file_read_next_unit"),
@@ -1235,6 +1295,7 @@ mod setting_tests {
             ("swapin-max=2M", "swapin_max_pages", json!(512)),
             ("swapin-start=64K", "swapin_start_pages", json!(16)),
             ("active-protect=50", "active_protect_pct", json!(50)),
+            ("inactive=50", "inactive_pct", json!(50)),
             ("pool-floor=25", "pool_floor_pct", json!(25)),
             ("whole-evidence=1", "file_whole_evidence", json!(1)),
             ("readahead=4K", "readahead_max_pages", json!(1)),

@@ -323,6 +323,72 @@ fn fault_around_maps_staged_neighbours_and_can_be_switched_off() {
 }
 
 #[test]
+fn a_lone_touch_of_a_staged_page_leaves_its_neighbours_staged() {
+    for adapt in [true, false] {
+        let n = 1024;
+        let blocks = n / 16;
+        let p = start(PagerConfig { staged_around_adapt: adapt, ..config(64 << 20, "zero,pool", FaultMode::Thread, 1) });
+        let r = filled_region(&p, n, Hint::Normal, 5);
+        assert_eq!(p.stage_all(), n, "every page staged");
+        let before = p.stats().counters;
+        let mem = r.as_slice();
+        // One page of each block, the blocks taken 37 apart: never a neighbour of the last.
+        for k in 0..blocks {
+            let pg = (k * 37 % blocks) * 16 + 5;
+            assert!(page_matches_at(mem, pg, 5), "adapt {adapt}: page {pg}");
+        }
+        let lone = p.stats().counters;
+        assert_eq!(lone.faults_staged - before.faults_staged, blocks as u64, "adapt {adapt}: {lone:?}");
+        let neighbours = if adapt { 0 } else { (n - blocks) as u64 };
+        assert_eq!(lone.fault_around_pages - before.fault_around_pages, neighbours, "adapt {adapt}: {lone:?}");
+        assert_eq!(p.stats().staged_pages, (n - blocks) as u64 - neighbours, "adapt {adapt}");
+        // Then every page in order: running along, blocks come back whole again after the
+        // run's first fault (its second page faults once more, then each block once).
+        for pg in 0..n {
+            assert!(page_matches_at(mem, pg, 5), "adapt {adapt}: page {pg} in order");
+        }
+        let along = p.stats().counters;
+        let faults = along.faults_staged - lone.faults_staged;
+        if adapt {
+            assert_eq!(faults, blocks as u64 + 1, "adapt {adapt}: {along:?}");
+        } else {
+            assert_eq!(faults, 0, "adapt {adapt}: the blocks came back whole with their first touch");
+        }
+        assert_eq!(p.stats().staged_pages, 0, "adapt {adapt}");
+    }
+}
+
+/// Pages staged once 48 MiB were written through a 16 MiB budget with the inactive list at
+/// half of it, filled (`stage_fill`) or not. Every 97th page read back and checked after.
+fn staged_after_fill(stage_fill: bool) -> u64 {
+    let p = start(PagerConfig {
+        stage_fill,
+        inactive_pct: 50,
+        inactive_thrash_shrink: false,
+        ..config(16 << 20, "zero,pool", FaultMode::Thread, 1)
+    });
+    let n = 12_288;
+    let r = filled_region(&p, n, Hint::Normal, 8);
+    assert!(p.settle(std::time::Duration::from_secs(30)), "reclaim settles");
+    let staged = p.stats().staged_pages;
+    let mem = r.as_slice();
+    for pg in (0..n).step_by(97) {
+        assert!(page_matches_at(mem, pg, 8), "page {pg}");
+    }
+    staged
+}
+
+#[test]
+fn the_inactive_list_fills_to_its_size_with_stage_fill() {
+    // 4,096 pages of budget: half of them is 2,048 staged; steps of 256 pages.
+    let filled = staged_after_fill(true);
+    assert!((2048 - 256..=2048 + 4 * 256).contains(&filled), "with stage-fill: {filled} staged");
+    // Without, reclaim stages as it evicts: the 512-page reserve and a step or two.
+    let one_for_one = staged_after_fill(false);
+    assert!(one_for_one <= 1024, "without stage-fill: {one_for_one} staged");
+}
+
+#[test]
 fn a_quick_refault_is_working_set_and_activated() {
     let n = 512;
     let p = start(PagerConfig {

@@ -1,5 +1,6 @@
-//! A fault on a staged page: it and its staged neighbours in the 64 KiB block move back
-//! from the mirror (fault-around), one UFFDIO_MOVE per run.
+//! A fault on a staged page: it moves back from the mirror, with its staged neighbours in
+//! the 64 KiB block (fault-around, one UFFDIO_MOVE per run) where the program runs along
+//! the address space.
 //!
 //! Owns: nothing. Calls: the memory manager, `uffd` moves under the event gates.
 
@@ -16,10 +17,13 @@ use super::first_touch::install_zero;
 
 /// Moves the staged page at `idx` back, with its staged neighbours in the same 64 KiB block
 /// (fault-around: they would otherwise cost a fault each), read-ahead pages excepted.
+/// With `staged_around_adapt`, the neighbours come only when this fault continues where the
+/// region's previous staged fault left off ([`around_wanted`]).
 /// Wakes nobody on success: returns the pages the caller wakes once its bookkeeping is done.
 pub(super) fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) -> Option<(usize, usize)> {
     let block_start = idx - idx % BLOCK_PAGES;
     let block_end = (block_start + BLOCK_PAGES).min(r.n_pages);
+    let around = around_wanted(s, r, idx, block_end - 1);
     // Lock the faulting page first (waiting), then neighbours opportunistically.
     let first = r.ptes.lock(idx);
     if first.state() != PteState::Staged {
@@ -31,7 +35,7 @@ pub(super) fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) -> Option<
     let mut locked = [false; BLOCK_PAGES];
     locked[idx - block_start] = true;
     for i in block_start..block_end {
-        if i == idx || !s.config.fault_around {
+        if i == idx || !around {
             continue;
         }
         if let Some(old) = r.ptes.try_lock_in(i, PteState::Staged) {
@@ -62,6 +66,27 @@ pub(super) fn unstage_around(s: &Shared, r: &RegionInner, idx: usize) -> Option<
     s.counters.fault_around_pages.fetch_add(neighbours_moved(moved_pages), Ordering::Relaxed);
     s.counters.pgactivate.fetch_add(moved_pages as u64, Ordering::Relaxed);
     Some((block_start, block_end))
+}
+
+/// Whether a staged fault at page `idx` brings its staged neighbours (up to `block_last`,
+/// its block's last page): always with plain fault-around; with `staged_around_adapt` only
+/// when it lands within two pages of where the region's previous staged fault left off (a
+/// program reading along the address space; the first fault of its run costs one more).
+/// A random touch leaves the neighbours staged: it proves its own page hot, and the
+/// neighbours are judged on their own by the time they reach the list's end. Pages, not
+/// blocks: a program's small regions (a 1 MiB arena is 16 blocks) put random faults in
+/// neighbouring blocks often.
+fn around_wanted(s: &Shared, r: &RegionInner, idx: usize, block_last: usize) -> bool {
+    if !s.config.fault_around {
+        return false;
+    }
+    if !s.config.staged_around_adapt {
+        return true;
+    }
+    let last = r.staged_last_page.load(Ordering::Relaxed);
+    let around = last != usize::MAX && last.abs_diff(idx) <= 2;
+    r.staged_last_page.store(if around { block_last } else { idx }, Ordering::Relaxed);
+    around
 }
 
 /// The neighbours among `moved` pages moved back for one fault: all but the faulting page.

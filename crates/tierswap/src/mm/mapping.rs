@@ -285,6 +285,7 @@ impl Shared {
             first_touch_window: AtomicUsize::new(0),
             clean_tracking: mode.wp,
             wp_last_block: AtomicUsize::new(usize::MAX),
+            staged_last_page: AtomicUsize::new(usize::MAX),
             detached,
             extents: AtomicUsize::new(0),
             gone: AtomicBool::new(false),

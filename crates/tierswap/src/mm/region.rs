@@ -48,6 +48,9 @@ pub(crate) struct RegionInner {
     /// The 64 KiB block of the region's last write fault on a clean page (`usize::MAX`:
     /// none yet), for `wp_block_adapt` ([`crate::policy::writes::Writes::note_write_fault`]).
     pub(crate) wp_last_block: AtomicUsize,
+    /// Where the region's last fault on a staged page left off: the page it brought back
+    /// last (`usize::MAX`: none yet), for `staged_around_adapt` (`fault/staged.rs`).
+    pub(crate) staged_last_page: AtomicUsize,
     /// Owned by the program (munmap tears it down), not by a [`Region`] handle.
     #[allow(dead_code)]
     pub(crate) detached: bool,

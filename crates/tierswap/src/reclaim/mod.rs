@@ -39,6 +39,8 @@ const LANE: usize = 0;
 /// direct reclaimers: two batches (2 MiB). Not more: a list filled to its target holds
 /// pages a sparse refault touches, and each such fault brings back its staged block whole.
 const STAGE_RESERVE_PAGES: i64 = (2 * BATCH_BLOCKS * BLOCK_PAGES) as i64;
+/// The most batches one step stages while the inactive list fills (`stage_fill`).
+const STAGE_FILL_MAX_BATCHES: usize = 4;
 /// Present pages the hand meets between looks at the active pages' share.
 const ACTIVE_WINDOW_PAGES: u64 = 4096;
 /// Blocks deactivated together, with one move per run of present pages (1 MiB).
@@ -117,6 +119,19 @@ pub(crate) fn inactive_target(cur: i64, activated: u64, stolen: u64, min: i64, m
     }
 }
 
+/// Batches to stage in one step of a pass, for one evicted: with `stage_fill`, enough to
+/// close the gap of `short` pages to the inactive list's target, four at most (the list
+/// fills over a few passes, and no step holds a region's lock for long); else one, or two
+/// while under the reserve (`ahead`).
+fn stage_batches(config: &crate::config::PagerConfig, ahead: bool, short: i64) -> usize {
+    let reserve = if ahead { 2 } else { 1 };
+    if !config.stage_fill {
+        return reserve;
+    }
+    let batch_pages = (BATCH_BLOCKS * BLOCK_PAGES) as i64;
+    ((short.max(0) + batch_pages - 1) / batch_pages).clamp(reserve as i64, STAGE_FILL_MAX_BATCHES as i64) as usize
+}
+
 /// The reclaim thread's loop.
 pub(crate) fn reclaim_thread(s: Arc<Shared>) {
     sys::lower_priority(s.config.background_nice, s.config.background_idle, "reclaim");
@@ -193,8 +208,8 @@ impl Reclaim {
     /// Reclaims until the footprint is under the low watermark, or nothing more can be done.
     fn run(&mut self) {
         let budget_pages = (self.s.budget() / PAGE_SIZE as u64) as i64;
-        let max_inactive = (budget_pages / 8).max(256);
-        if self.s.config.workingset {
+        let max_inactive = (budget_pages * self.s.config.inactive_pct as i64 / 100).max(256);
+        if self.s.config.workingset && self.s.config.inactive_thrash_shrink {
             let c = &self.s.counters;
             let (act, steal) = (c.workingset_activate.load(Ordering::Relaxed), c.pgsteal.load(Ordering::Relaxed));
             let t = inactive_target(
@@ -248,7 +263,7 @@ impl Reclaim {
                 // A batch for the one evicted below, and while the list is under its
                 // reserve one more, for the direct reclaimers evicting beside us.
                 let ahead = self.s.config.stage_ahead && staged < STAGE_RESERVE_PAGES;
-                progress += self.deactivate(if ahead { 2 * BATCH_BLOCKS } else { BATCH_BLOCKS });
+                progress += self.deactivate(stage_batches(&self.s.config, ahead, inactive_target - staged) * BATCH_BLOCKS);
                 // Outside every lock of the pager's: the read may fault (see there). Pages
                 // made this process's own are moved by the next pass: progress.
                 progress += self.unshare_busy();
@@ -399,7 +414,22 @@ pub(crate) fn stage_everything(s: &Arc<Shared>) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::inactive_target;
+    use super::{inactive_target, stage_batches};
+    use crate::config::PagerConfig;
+
+    #[test]
+    fn stage_fill_closes_the_gap_four_batches_at_most() {
+        let fill = PagerConfig { stage_fill: true, ..Default::default() };
+        let one_for_one = PagerConfig { stage_fill: false, ..Default::default() };
+        // A batch is 256 pages.
+        assert_eq!(stage_batches(&fill, false, 10_000), 4);
+        assert_eq!(stage_batches(&fill, false, 600), 3, "a part of a batch short is a batch");
+        assert_eq!(stage_batches(&fill, false, 100), 1);
+        assert_eq!(stage_batches(&fill, true, 100), 2, "the reserve still stages two");
+        assert_eq!(stage_batches(&fill, false, -50), 1, "over the target (it shrank): one");
+        assert_eq!(stage_batches(&one_for_one, false, 10_000), 1);
+        assert_eq!(stage_batches(&one_for_one, true, 10_000), 2);
+    }
 
     #[test]
     fn thrashing_shrinks_the_inactive_list_and_calm_grows_it_back() {
