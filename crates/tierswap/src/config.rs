@@ -469,24 +469,41 @@ pub struct PagerConfig {
     /// while staged comes back for the cost of a move and is activated; one not touched
     /// before it reaches the list's end is evicted. The kernel keeps its inactive anon list
     /// as large as the active one below 1 GiB (`inactive_ratio` 1), and reads the accessed
-    /// bits of the pages on it for free.
+    /// bits of the pages on it for free; each touch costs us a fault, and with the list
+    /// filled a quarter of the budget served python-dict 1.10–1.21× the lookups half did
+    /// (docs/lab/inactive-fill/). Without [`PagerConfig::stage_fill`] the list never
+    /// reaches this size: it is a cap. 12 by default; lab variant `inactive=PCT`.
     pub inactive_pct: u32,
     /// Reclaim stages up to four batches for each one it evicts while the inactive list is
     /// under [`PagerConfig::inactive_pct`], so the list reaches its size. Off, it stages one
     /// batch per batch evicted (two under a 2 MiB reserve, [`PagerConfig::stage_ahead`]), and
     /// the list never grows past a few MiB whatever its target: a page had ~40 ms to prove
-    /// itself at python-dict's eviction rate. Lab variant `[no-]stage-fill`.
+    /// itself at python-dict's eviction rate. Off by default: filled (with the two settings
+    /// below, at 25 %), python-dict served 1.21× / 1.09× its lookups and redis the same, but
+    /// a JVM whose collector walks its whole heap took 2.8 M staged faults on top of the
+    /// same 2.06 M refaults, 294 s against 226 (docs/lab/inactive-fill/). Lab variant
+    /// `[no-]stage-fill`.
     pub stage_fill: bool,
     /// With workingset detection, the inactive list shrinks (halving, down to 256 pages)
     /// while activations exceed a quarter of evictions, on the reasoning that staging only
-    /// adds a move out and back when nothing fits. Lab variant `[no-]thrash-shrink`.
+    /// adds a move out and back when nothing fits. On by default; only without
+    /// [`PagerConfig::inactive_adapt`]. Lab variant `[no-]thrash-shrink`.
     pub inactive_thrash_shrink: bool,
+    /// The inactive list takes its full size ([`PagerConfig::inactive_pct`]) only while at
+    /// least a quarter of the refaults come within that many evictions of their eviction
+    /// (a list that long would have caught them as staged faults); otherwise it halves
+    /// toward its 2 MiB reserve: a full list only adds staged faults where pages are
+    /// touched at random over much more than the budget (redis's uniform GETs). Takes the
+    /// place of [`PagerConfig::inactive_thrash_shrink`]. Off by default (see
+    /// [`PagerConfig::stage_fill`]); lab variant `[no-]inactive-adapt`.
+    pub inactive_adapt: bool,
     /// A fault on a staged page brings its staged neighbours back with it (fault-around)
     /// only when it lands within two pages of where the region's previous staged fault
     /// left off: a program running along the address space. A lone touch brings its page
     /// alone, and the untouched neighbours stay on the inactive list to be judged; brought
     /// back, they sat present for a whole round of the hand while touched pages elsewhere
-    /// were evicted. Off: every staged fault takes its block. Lab variant `[no-]staged-adapt`.
+    /// were evicted. Off (the default): every staged fault takes its block. Lab variant
+    /// `[no-]staged-adapt`.
     pub staged_around_adapt: bool,
     /// Reclaim evicts on to its low watermark (1/12 under the budget) only while faults wait
     /// for room: when none did during its last batch it stops at the high watermark (1/32
@@ -645,6 +662,7 @@ impl Default for PagerConfig {
             inactive_pct: DEFAULT_INACTIVE_PCT,
             stage_fill: false,
             inactive_thrash_shrink: true,
+            inactive_adapt: false,
             staged_around_adapt: false,
             throttle_headroom: true,
             pool_adapt: true,
@@ -853,7 +871,7 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
 /// The engine settings a lab variant (`tierswap bench --engine tierswap:SETTING…`) or
 /// `tierswap run --set` may change, as they are spelled (for help and error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), pool-floor=PCT (the least the pool limit that follows the workload goes down to, percent of the budget), inactive=PCT (the inactive list's size, percent of the budget, 1..75), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]wp-adapt, [no-]write-predict, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]stage-fill, [no-]thrash-shrink, [no-]staged-adapt, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, [no-]read-yield, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]wp-adapt, [no-]write-predict, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]stage-fill, [no-]thrash-shrink, [no-]inactive-adapt, [no-]staged-adapt, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, [no-]read-yield, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// The largest stride prefetch window a setting may ask for, in pages.
 const MAX_SETTING_PREFETCH_PAGES: u32 = 1024;
@@ -932,6 +950,8 @@ pub enum Setting {
     StageFill(bool),
     /// `thrash-shrink` / `no-thrash-shrink`: the inactive list shrinks while most refaults activate.
     ThrashShrink(bool),
+    /// `inactive-adapt` / `no-inactive-adapt`: the inactive list full only while refaults come near.
+    InactiveAdapt(bool),
     /// `staged-adapt` / `no-staged-adapt`: a staged fault brings its block only after another nearby.
     StagedAdapt(bool),
     /// `read-next-unit` / `no-read-next-unit`: whole-unit file reads take the next unit too.
@@ -1005,6 +1025,7 @@ impl Setting {
             Setting::StageFill(on) => config.stage_fill = on,
             Setting::ThrashShrink(on) => config.inactive_thrash_shrink = on,
             Setting::StagedAdapt(on) => config.staged_around_adapt = on,
+            Setting::InactiveAdapt(on) => config.inactive_adapt = on,
             Setting::ReadNextUnit(on) => config.file_read_next_unit = on,
             Setting::WholeEvidence(n) => config.file_whole_evidence = n,
             Setting::SpinUs(us) => config.fault_spin_us = us,
@@ -1069,8 +1090,9 @@ impl Setting {
             "active-protect" => {
                 number("50", "a percentage from 0 (off) to 100", 0..=100).map(|p| Setting::ActiveProtectPct(p as u32))
             }
-            "inactive" => number("50", "a percentage of the budget from 1 to 75", 1..=75)
-                .map(|p| Setting::InactivePct(p as u32)),
+            "inactive" => {
+                number("50", "a percentage of the budget from 1 to 75", 1..=75).map(|p| Setting::InactivePct(p as u32))
+            }
             "whole-evidence" => {
                 number("2", "a count of reads from 1 to 8", 1..=8).map(|n| Setting::WholeEvidence(n as u32))
             }
@@ -1134,6 +1156,8 @@ impl Setting {
             "no-stage-fill" => switch(Setting::StageFill, false),
             "thrash-shrink" => switch(Setting::ThrashShrink, true),
             "no-thrash-shrink" => switch(Setting::ThrashShrink, false),
+            "inactive-adapt" => switch(Setting::InactiveAdapt, true),
+            "no-inactive-adapt" => switch(Setting::InactiveAdapt, false),
             "staged-adapt" => switch(Setting::StagedAdapt, true),
             "no-staged-adapt" => switch(Setting::StagedAdapt, false),
             "keep-clean" => switch(Setting::KeepClean, true),
@@ -1278,6 +1302,7 @@ mod setting_tests {
         ("stage-fill", "stage_fill"),
         ("thrash-shrink", "inactive_thrash_shrink"),
         ("staged-adapt", "staged_around_adapt"),
+        ("inactive-adapt", "inactive_adapt"),
         ("follow", "fault_follow"),
         ("throttle-headroom", "throttle_headroom"),
         ("read-next-unit", "file_read_next_unit"),

@@ -106,6 +106,9 @@ counters! {
     workingset_refault,
     /// Refaulted pages activated at once.
     workingset_activate,
+    /// Refaults within the inactive list's full size of their eviction (`inactive_pct` of
+    /// the budget): a list that long would have caught them as staged faults.
+    workingset_refault_near,
     /// Pages that did not compress below 3/4 of a page.
     pool_reject_incompressible,
     /// Incompressible pages kept raw in the pool because no file tier could take them.

@@ -327,7 +327,8 @@ fn a_lone_touch_of_a_staged_page_leaves_its_neighbours_staged() {
     for adapt in [true, false] {
         let n = 1024;
         let blocks = n / 16;
-        let p = start(PagerConfig { staged_around_adapt: adapt, ..config(64 << 20, "zero,pool", FaultMode::Thread, 1) });
+        let p =
+            start(PagerConfig { staged_around_adapt: adapt, ..config(64 << 20, "zero,pool", FaultMode::Thread, 1) });
         let r = filled_region(&p, n, Hint::Normal, 5);
         assert_eq!(p.stage_all(), n, "every page staged");
         let before = p.stats().counters;
@@ -398,9 +399,11 @@ fn a_quick_refault_is_working_set_and_activated() {
     let r = evicted_region(&p, n, Hint::Normal);
     read_all_in_order(&r, n);
     let c = p.stats().counters;
-    // 512 evictions ago is well within a 64 MiB budget: every refault activates.
+    // 512 evictions ago is well within a 64 MiB budget: every refault activates, and is
+    // within the inactive list's reach (12 % of 16,384 pages).
     assert_eq!(c.workingset_refault, n as u64);
     assert_eq!(c.workingset_activate, n as u64);
+    assert_eq!(c.workingset_refault_near, n as u64);
 
     let p = start(PagerConfig {
         swapin_policy: SwapinPolicy::Order0,
@@ -455,6 +458,7 @@ fn a_long_refault_distance_is_not_working_set() {
         "evicted {} pages ago: not working set",
         2 * n - 64
     );
+    assert_eq!(c.workingset_refault_near - before.workingset_refault_near, 0, "nor within the inactive list's reach");
 }
 
 #[test]

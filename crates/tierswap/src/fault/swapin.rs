@@ -542,6 +542,9 @@ fn workingset_refault(s: &Shared, old: Pte, new: Pte, from_pool: bool) -> Pte {
         return new;
     };
     s.counters.workingset_refault.fetch_add(1, Ordering::Relaxed);
+    if distance <= s.inactive_reach_pages() {
+        s.counters.workingset_refault_near.fetch_add(1, Ordering::Relaxed);
+    }
     s.tiers.pool_share.note_refault(distance);
     if hot {
         s.counters.workingset_activate.fetch_add(1, Ordering::Relaxed);

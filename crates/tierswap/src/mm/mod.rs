@@ -477,6 +477,11 @@ impl Shared {
         self.budget() / PAGE_SIZE as u64
     }
 
+    /// The inactive list's full size, in pages: `inactive_pct` of the budget, at least 256.
+    pub(crate) fn inactive_reach_pages(&self) -> u64 {
+        (self.workingset_pages() * self.config.inactive_pct as u64 / 100).max(256)
+    }
+
     /// Reclaim starts above this…
     pub(crate) fn high_watermark(&self) -> u64 {
         self.budget() - self.budget() / 32

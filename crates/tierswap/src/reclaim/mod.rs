@@ -36,8 +36,8 @@ const CHUNK_BLOCKS: usize = PTES_PER_CHUNK / BLOCK_PAGES;
 /// Reclaim's allocation lane in the swap space.
 const LANE: usize = 0;
 /// Staged pages the reclaim thread keeps ahead of its own eviction with `stage_ahead`, for
-/// direct reclaimers: two batches (2 MiB). Not more: a list filled to its target holds
-/// pages a sparse refault touches, and each such fault brings back its staged block whole.
+/// direct reclaimers: two batches (2 MiB). The list grows past it only with `stage_fill`,
+/// while refaults say a longer list pays (`inactive_adapt`).
 const STAGE_RESERVE_PAGES: i64 = (2 * BATCH_BLOCKS * BLOCK_PAGES) as i64;
 /// The most batches one step stages while the inactive list fills (`stage_fill`).
 const STAGE_FILL_MAX_BATCHES: usize = 4;
@@ -79,6 +79,10 @@ struct Reclaim {
     /// workingset_activate and pgsteal at the last target update.
     last_activate: u64,
     last_steal: u64,
+    /// `workingset_refault_near` and `workingset_refault` when the inactive list's size was
+    /// last weighed by its reach ([`inactive_target_by_reach`]).
+    last_near: u64,
+    last_refaults: u64,
     /// Staging windows, made on first use: `[plain, write-protect tracking]`.
     windows: [Option<usize>; 2],
     /// The last staging run through each window, to name a page found left in it.
@@ -116,6 +120,26 @@ pub(crate) fn inactive_target(cur: i64, activated: u64, stolen: u64, min: i64, m
         (cur / 2).max(min)
     } else {
         (cur * 2).min(max)
+    }
+}
+
+/// Refaults weighed at once by [`inactive_target_by_reach`]: fewer say nothing yet.
+const REACH_REFAULTS: u64 = 256;
+
+/// The inactive list's new size after `near` of `refaults` refaults since the last update
+/// came within its full size (`max`) of their eviction: a list that long would have caught
+/// them as staged faults, each a move back instead of a read. When a quarter of the
+/// refaults are near, the list doubles toward `max`; otherwise it halves toward `min`
+/// (a program touching its pages at random over much more than the budget refaults from
+/// far, and a long list there only adds staged faults on pages no list would keep).
+pub(crate) fn inactive_target_by_reach(cur: i64, near: u64, refaults: u64, min: i64, max: i64) -> i64 {
+    if refaults < REACH_REFAULTS {
+        return cur.clamp(min, max);
+    }
+    if near * 4 >= refaults {
+        (cur * 2).clamp(min, max)
+    } else {
+        (cur / 2).clamp(min, max)
     }
 }
 
@@ -187,6 +211,8 @@ impl Reclaim {
             protect_active: false,
             last_activate: 0,
             last_steal: 0,
+            last_near: 0,
+            last_refaults: 0,
             windows: [None; 2],
             busy: Vec::with_capacity(UNSHARE_BATCH),
             last_runs: [RunLog::default(); 2],
@@ -207,10 +233,23 @@ impl Reclaim {
 
     /// Reclaims until the footprint is under the low watermark, or nothing more can be done.
     fn run(&mut self) {
-        let budget_pages = (self.s.budget() / PAGE_SIZE as u64) as i64;
-        let max_inactive = (budget_pages * self.s.config.inactive_pct as i64 / 100).max(256);
-        if self.s.config.workingset && self.s.config.inactive_thrash_shrink {
-            let c = &self.s.counters;
+        let max_inactive = self.s.inactive_reach_pages() as i64;
+        let c = &self.s.counters;
+        if self.s.config.workingset && self.s.config.inactive_adapt {
+            let (near, refaults) =
+                (c.workingset_refault_near.load(Ordering::Relaxed), c.workingset_refault.load(Ordering::Relaxed));
+            let t = inactive_target_by_reach(
+                self.inactive_target.min(max_inactive),
+                near - self.last_near,
+                refaults - self.last_refaults,
+                STAGE_RESERVE_PAGES.min(max_inactive),
+                max_inactive,
+            );
+            if refaults - self.last_refaults >= REACH_REFAULTS {
+                (self.last_near, self.last_refaults) = (near, refaults);
+            }
+            self.inactive_target = t;
+        } else if self.s.config.workingset && self.s.config.inactive_thrash_shrink {
             let (act, steal) = (c.workingset_activate.load(Ordering::Relaxed), c.pgsteal.load(Ordering::Relaxed));
             let t = inactive_target(
                 self.inactive_target.min(max_inactive),
@@ -263,7 +302,8 @@ impl Reclaim {
                 // A batch for the one evicted below, and while the list is under its
                 // reserve one more, for the direct reclaimers evicting beside us.
                 let ahead = self.s.config.stage_ahead && staged < STAGE_RESERVE_PAGES;
-                progress += self.deactivate(stage_batches(&self.s.config, ahead, inactive_target - staged) * BATCH_BLOCKS);
+                progress +=
+                    self.deactivate(stage_batches(&self.s.config, ahead, inactive_target - staged) * BATCH_BLOCKS);
                 // Outside every lock of the pager's: the read may fault (see there). Pages
                 // made this process's own are moved by the next pass: progress.
                 progress += self.unshare_busy();
@@ -414,8 +454,29 @@ pub(crate) fn stage_everything(s: &Arc<Shared>) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{inactive_target, stage_batches};
+    use super::{inactive_target, inactive_target_by_reach, stage_batches};
     use crate::config::PagerConfig;
+
+    #[test]
+    fn the_inactive_list_grows_while_refaults_come_within_its_reach() {
+        let (min, max) = (512, 16_384);
+        // A quarter of the refaults near: double up to the full size.
+        let mut t = min;
+        for _ in 0..10 {
+            t = inactive_target_by_reach(t, 64, 256, min, max);
+        }
+        assert_eq!(t, max);
+        // Fewer: halve back to the reserve.
+        t = inactive_target_by_reach(t, 63, 256, min, max);
+        assert_eq!(t, max / 2);
+        for _ in 0..10 {
+            t = inactive_target_by_reach(t, 10, 1000, min, max);
+        }
+        assert_eq!(t, min);
+        // Too few refaults to judge: unchanged (within bounds).
+        assert_eq!(inactive_target_by_reach(777, 200, 255, min, max), 777);
+        assert_eq!(inactive_target_by_reach(i64::MAX, 0, 0, min, max), max);
+    }
 
     #[test]
     fn stage_fill_closes_the_gap_four_batches_at_most() {
