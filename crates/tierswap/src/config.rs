@@ -1388,7 +1388,7 @@ mod setting_tests {
             }
         }
         entries.push(SETTINGS[from..].trim());
-        assert_eq!(entries.len(), SWITCHES.len() + 20, "the switches and 20 valued settings: {entries:?}");
+        assert_eq!(entries.len(), SWITCHES.len() + 21, "the switches and 21 valued settings: {entries:?}");
         for entry in entries {
             let name = entry.split([' ', '=']).next().unwrap();
             if let Some(switch) = name.strip_prefix("[no-]") {
