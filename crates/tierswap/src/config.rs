@@ -948,11 +948,13 @@ pub enum Setting {
     InactivePct(u32),
     /// `stage-fill` / `no-stage-fill`: reclaim stages ahead until the inactive list is full.
     StageFill(bool),
-    /// `thrash-shrink` / `no-thrash-shrink`: the inactive list shrinks while most refaults activate.
+    /// `thrash-shrink` / `no-thrash-shrink`: the inactive list shrinks while activations
+    /// exceed a quarter of evictions.
     ThrashShrink(bool),
     /// `inactive-adapt` / `no-inactive-adapt`: the inactive list full only while refaults come near.
     InactiveAdapt(bool),
-    /// `staged-adapt` / `no-staged-adapt`: a staged fault brings its block only after another nearby.
+    /// `staged-adapt` / `no-staged-adapt`: a staged fault brings its block only where it
+    /// continues the region's last one.
     StagedAdapt(bool),
     /// `read-next-unit` / `no-read-next-unit`: whole-unit file reads take the next unit too.
     ReadNextUnit(bool),

@@ -534,7 +534,8 @@ fn workingset_refault(s: &Shared, old: Pte, new: Pte, from_pool: bool) -> Pte {
     } else {
         s.tiers.swap.refault_distance(old.slot())
     };
-    let hot = distance.is_some_and(|d| d <= s.workingset_pages());
+    let budget_pages = s.workingset_pages();
+    let hot = distance.is_some_and(|d| d <= budget_pages);
     if from_pool {
         s.tiers.pool_share.note_pool_refault(hot);
     }
@@ -542,7 +543,7 @@ fn workingset_refault(s: &Shared, old: Pte, new: Pte, from_pool: bool) -> Pte {
         return new;
     };
     s.counters.workingset_refault.fetch_add(1, Ordering::Relaxed);
-    if distance <= s.inactive_reach_pages() {
+    if distance <= s.inactive_reach_of(budget_pages) {
         s.counters.workingset_refault_near.fetch_add(1, Ordering::Relaxed);
     }
     s.tiers.pool_share.note_refault(distance);

@@ -479,7 +479,12 @@ impl Shared {
 
     /// The inactive list's full size, in pages: `inactive_pct` of the budget, at least 256.
     pub(crate) fn inactive_reach_pages(&self) -> u64 {
-        (self.workingset_pages() * self.config.inactive_pct as u64 / 100).max(256)
+        self.inactive_reach_of(self.workingset_pages())
+    }
+
+    /// [`Shared::inactive_reach_pages`] for a budget of `budget_pages` already read.
+    pub(crate) fn inactive_reach_of(&self, budget_pages: u64) -> u64 {
+        (budget_pages * self.config.inactive_pct as u64 / 100).max(256)
     }
 
     /// Reclaim starts above this…
