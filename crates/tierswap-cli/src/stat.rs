@@ -371,6 +371,17 @@ fn tree_section(me: u32, ledger: &std::path::Path) -> String {
             clip(&cmd, 50)
         );
     }
+    let shares: u64 = lines.iter().map(|l| l.target).sum();
+    if lines.len() > 1 && shares > budget {
+        // Each share is room offered to every process at once: one taking it leaves less
+        // for the others at their next look, and a late starter has a floor.
+        let _ = writeln!(
+            t,
+            "  SHARE: what each process may grow to before it evicts; the shares overlap (together {}), the tree is held to {}",
+            human(shares),
+            human(budget)
+        );
+    }
     t
 }
 

@@ -388,6 +388,17 @@ pub struct PagerConfig {
     /// suite within its spread but concurrent, 7 % slower in a rerun with the same counters
     /// (docs/lab/write-predict/). Lab variant `[no-]pool-weigh`.
     pub pool_weigh: bool,
+    /// With `pool_weigh`: a refault from the pool counts against the pool when it came back
+    /// within the pool's room in pages (its bytes ÷ 4 KiB: what that room would have kept
+    /// resident) and as a file fault saved from farther; off (the default), within the
+    /// budget's pages. Weighed against the budget, a pool whose pages number fewer than the
+    /// budget's can only refault "hot" and is taken down to its floor, however well its
+    /// pages compress: perl building a hash of 1 M strings (~380 MiB, packing ~5:1) under
+    /// 128 MiB took 203–208 s with the pool at its 6 MiB floor, 110–118 s with this rule
+    /// keeping it at 72 MiB (the kernel's disk swap: 224 s). Off by default: in the programs lab it
+    /// served memcached 1.13–1.16× but python-dict 0.83× / 0.94×, whose small hot objects
+    /// the bigger pool squeezed (docs/lab/pool-room/). Lab variant `[no-]pool-room`.
+    pub pool_weigh_room: bool,
     /// A write fault on a clean page makes its whole 64 KiB block writable (giving up the
     /// kept slots of its present pages) only when the region's previous write fault was in
     /// the same block or a neighbour, or the page before it is written already (present
@@ -669,6 +680,7 @@ impl Default for PagerConfig {
             pool_compact: false,
             workingset_page_stamp: true,
             pool_weigh: true,
+            pool_weigh_room: false,
             wp_block_adapt: true,
             write_predict: true,
             remote: None,
@@ -871,7 +883,7 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
 /// The engine settings a lab variant (`tierswap bench --engine tierswap:SETTING…`) or
 /// `tierswap run --set` may change, as they are spelled (for help and error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), pool-floor=PCT (the least the pool limit that follows the workload goes down to, percent of the budget), inactive=PCT (the inactive list's size, percent of the budget, 1..75), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]wp-adapt, [no-]write-predict, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]stage-fill, [no-]thrash-shrink, [no-]inactive-adapt, [no-]staged-adapt, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, [no-]read-yield, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]pool-room, [no-]wp-adapt, [no-]write-predict, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]stage-fill, [no-]thrash-shrink, [no-]inactive-adapt, [no-]staged-adapt, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, [no-]read-yield, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// The largest stride prefetch window a setting may ask for, in pages.
 const MAX_SETTING_PREFETCH_PAGES: u32 = 1024;
@@ -932,6 +944,8 @@ pub enum Setting {
     PageStamp(bool),
     /// `pool-weigh` / `no-pool-weigh`: the pool limit follows what its refaults say it is worth.
     PoolWeigh(bool),
+    /// `pool-room` / `no-pool-room`: pool refaults weighed against the pool's room, not the budget.
+    PoolRoom(bool),
     /// `wp-adapt` / `no-wp-adapt`: a write fault takes its whole block only after another nearby.
     WpAdapt(bool),
     /// `write-predict` / `no-write-predict`: read faults install writable where writes follow.
@@ -1018,6 +1032,7 @@ impl Setting {
             Setting::PoolCompact(on) => config.pool_compact = on,
             Setting::PageStamp(on) => config.workingset_page_stamp = on,
             Setting::PoolWeigh(on) => config.pool_weigh = on,
+            Setting::PoolRoom(on) => config.pool_weigh_room = on,
             Setting::WpAdapt(on) => config.wp_block_adapt = on,
             Setting::WritePredict(on) => config.write_predict = on,
             Setting::LearnBlocks(on) => config.swapin_learn_blocks = on,
@@ -1136,6 +1151,8 @@ impl Setting {
             "no-page-stamp" => switch(Setting::PageStamp, false),
             "pool-weigh" => switch(Setting::PoolWeigh, true),
             "no-pool-weigh" => switch(Setting::PoolWeigh, false),
+            "pool-room" => switch(Setting::PoolRoom, true),
+            "no-pool-room" => switch(Setting::PoolRoom, false),
             "wp-adapt" => switch(Setting::WpAdapt, true),
             "no-wp-adapt" => switch(Setting::WpAdapt, false),
             "write-predict" => switch(Setting::WritePredict, true),
@@ -1296,6 +1313,7 @@ mod setting_tests {
         ("compact", "pool_compact"),
         ("page-stamp", "workingset_page_stamp"),
         ("pool-weigh", "pool_weigh"),
+        ("pool-room", "pool_weigh_room"),
         ("wp-adapt", "wp_block_adapt"),
         ("write-predict", "write_predict"),
         ("learn-blocks", "swapin_learn_blocks"),

@@ -175,3 +175,55 @@ fn weighed_a_hot_set_squeezed_by_the_pool_gets_the_room_back_below_half() {
     }
     assert!(p.stats().footprint <= BUDGET + BUDGET / 20, "over the budget: {:?}", p.stats());
 }
+
+#[test]
+fn weighed_against_its_room_a_pool_keeps_what_compresses_well_instead_of_the_file() {
+    // 24 MiB read in a cycle under 16 MiB: each page comes back from the pool some 2,500
+    // evictions after it left. Within the budget's pages (4,096), so weighed against the
+    // budget every such refault counts against the pool, as if the pool's room would have
+    // kept it resident, and the limit falls toward its floor, sending the cycle to the file.
+    // But zstd packs these pages ~7:1: the room the pool takes holds a few hundred pages
+    // uncompressed, and every one of these refaults is a file read the pool saved.
+    const CYCLE: usize = 6 * 1024;
+    // (room rule, limit shrink steps, limit, file pages read in the last pass, passes)
+    let mut seen = Vec::new();
+    for room in [true, false] {
+        let p = start(PagerConfig {
+            pool_adapt: true,
+            pool_weigh: true,
+            pool_weigh_room: room,
+            workingset_page_stamp: true,
+            ..config(BUDGET, "zero,pool,file", FaultMode::Thread, 1)
+        });
+        let r = filled_region(&p, CYCLE, Hint::Normal, 7);
+        // Passes for 3 s, or until the budget's rule took the limit under a quarter.
+        let deadline = Instant::now() + Duration::from_secs(if room { 3 } else { 20 });
+        let (mut passes, mut last_read) = (0, 0);
+        while Instant::now() < deadline {
+            let before = p.stats().counters.pswpin;
+            for pg in 0..CYCLE {
+                check(&r, pg);
+            }
+            passes += 1;
+            let st = p.stats();
+            last_read = st.counters.pswpin - before;
+            if !room && passes > 2 && st.pool_limit < BUDGET / 4 {
+                break;
+            }
+        }
+        let st = p.stats();
+        seen.push((room, st.counters.pool_limit_shrink, st.pool_limit, last_read, passes));
+        for pg in 0..CYCLE {
+            check(&r, pg);
+        }
+        assert!(p.stats().footprint <= BUDGET + BUDGET / 20, "over the budget: {:?}", p.stats());
+    }
+    let ((_, _, limit_room, read_room, _), (_, shrink_budget, limit_budget, read_budget, _)) = (seen[0], seen[1]);
+    assert!(
+        limit_room >= BUDGET / 4 && limit_room > 4 * limit_budget,
+        "weighed against its room, the pool keeps its share: {seen:?}"
+    );
+    assert!(read_room <= (CYCLE / 50) as u64, "and the cycle comes back from the pool, not the file: {seen:?}");
+    assert!(shrink_budget > 0 && limit_budget < BUDGET / 4, "weighed against the budget, the limit falls: {seen:?}");
+    assert!(read_budget > 0, "and the cycle is read from the file: {seen:?}");
+}

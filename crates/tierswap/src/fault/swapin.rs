@@ -537,7 +537,13 @@ fn workingset_refault(s: &Shared, old: Pte, new: Pte, from_pool: bool) -> Pte {
     let budget_pages = s.workingset_pages();
     let hot = distance.is_some_and(|d| d <= budget_pages);
     if from_pool {
-        s.tiers.pool_share.note_pool_refault(hot);
+        // A refault the pool costs: one from within the budget's pages, or with
+        // `pool_weigh_room` from within its room's (had the room held program pages, only
+        // those would have stayed resident; one from farther, up to the many more pages
+        // the room holds compressed, is a file read it saved).
+        let within =
+            if s.config.pool_weigh_room { s.tiers.pool.total_bytes() / PAGE_SIZE as u64 } else { budget_pages };
+        s.tiers.pool_share.note_pool_refault(distance.is_some_and(|d| d <= within));
     }
     let Some(distance) = distance else {
         return new;
