@@ -395,9 +395,11 @@ pub struct PagerConfig {
     /// budget's can only refault "hot" and is taken down to its floor, however well its
     /// pages compress: perl building a hash of 1 M strings (~380 MiB, packing ~5:1) under
     /// 128 MiB took 203–208 s with the pool at its 6 MiB floor, 110–118 s with this rule
-    /// keeping it at 72 MiB (the kernel's disk swap: 224 s). Off by default: in the programs lab it
-    /// served memcached 1.13–1.16× but python-dict 0.83× / 0.94×, whose small hot objects
-    /// the bigger pool squeezed (docs/lab/pool-room/). Lab variant `[no-]pool-room`.
+    /// keeping it at 72 MiB (the kernel's disk swap: 224 s). Off by default: in the
+    /// programs lab it served memcached 1.13–1.16× but python-dict 0.83× / 0.94×, whose
+    /// small hot objects the bigger pool squeezed, and a JVM took 228 s against 195 with a
+    /// pool grown to 144 MiB that saved no file read (docs/lab/pool-room/). Lab variant
+    /// `[no-]pool-room`.
     pub pool_weigh_room: bool,
     /// A write fault on a clean page makes its whole 64 KiB block writable (giving up the
     /// kept slots of its present pages) only when the region's previous write fault was in

@@ -154,7 +154,9 @@ impl PoolShare {
         }
     }
 
-    /// A refault served from the pool, of the working set (`hot`) or not.
+    /// A refault served from the pool: one it costs (`hot`: back within the budget's pages
+    /// of its eviction, or with `PagerConfig::pool_weigh_room` within the pool's room's),
+    /// or a file read it saved.
     pub fn note_pool_refault(&self, hot: bool) {
         if self.adaptive && self.weigh {
             let c = if hot { &self.hot_pool } else { &self.cold_pool };
