@@ -381,9 +381,11 @@ fn staged_after_fill(stage_fill: bool) -> u64 {
 
 #[test]
 fn the_inactive_list_fills_to_its_size_with_stage_fill() {
-    // 4,096 pages of budget: half of them is 2,048 staged; steps of 256 pages.
+    // 4,096 pages of budget: half of them is 2,048 staged; steps of 256 pages. The last
+    // steps' evictions (the reclaim thread's, and a fault thread's waiting for room) may
+    // take up to three batches off the list after its last staging.
     let filled = staged_after_fill(true);
-    assert!((2048 - 256..=2048 + 4 * 256).contains(&filled), "with stage-fill: {filled} staged");
+    assert!((2048 - 3 * 256..=2048 + 4 * 256).contains(&filled), "with stage-fill: {filled} staged");
     // Without, reclaim stages as it evicts: the 512-page reserve and a step or two.
     let one_for_one = staged_after_fill(false);
     assert!(one_for_one <= 1024, "without stage-fill: {one_for_one} staged");
