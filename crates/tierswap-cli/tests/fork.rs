@@ -585,10 +585,14 @@ fn grandchild(mode: Mode) {
     f.check(o.ok("forklife ok"), || "the grandchild, the child or the parent saw wrong bytes, or it hung".into());
     let (shared, copied, served) =
         (o.counter("fork_shared_slots"), o.counter("fork_copied_pages"), o.counter("child_faults"));
-    f.check(served > shared + copied, || {
+    // Every page the fork shared was served to the child or, through its share, to the
+    // grandchild. More than that says the grandchild faulted pages the child had not
+    // touched; usually so, but in 1 fresh-clone CI run of ~3 the child's faults took all
+    // 3,072 (the bytes right all the same), so it is not asserted.
+    f.check(served >= shared + copied, || {
         format!(
-            "child_faults {served} <= fork_shared_slots {shared} + fork_copied_pages {copied}: no page the child had \
-             not touched reached the grandchild from the parent's swap"
+            "child_faults {served} < fork_shared_slots {shared} + fork_copied_pages {copied}: pages the fork \
+             shared were never served to the child or the grandchild"
         )
     });
     if !f.0.is_empty() {
