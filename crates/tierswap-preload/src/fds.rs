@@ -89,11 +89,15 @@ impl Drop for LowHeld {
     }
 }
 
-/// Protects every descriptor open now that was not in `before`.
+/// Protects every descriptor open now that was not in `before`, but for files under
+/// /proc: the pager keeps none open, it reads them (a thread's stat, pagemap, maps) and
+/// closes them, and one open in a pager thread at the moment of the listing, on a low
+/// number the program then dups onto, was refused (EBUSY) for the rest of the run.
 pub(crate) fn protect_new_since(before: &[i32]) {
     let mut n = 0;
     for fd in open_fds() {
-        if before.binary_search(&fd).is_err() && n < MAX_PROTECTED {
+        let transient = std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok_and(|t| t.starts_with("/proc/"));
+        if before.binary_search(&fd).is_err() && !transient && n < MAX_PROTECTED {
             PROTECTED[n].store(fd, Ordering::Relaxed);
             n += 1;
         }
