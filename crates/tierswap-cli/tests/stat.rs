@@ -2,6 +2,8 @@
 //! in a private directory, found through TIERSWAP_CONTROL_DIR) and a helper process (this
 //! test binary re-run as `helper`) whose exit `--watch` must notice.
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -200,13 +202,7 @@ fn table_json_and_prometheus_show_the_pagers_numbers() {
     let mib = |after: &str| -> f64 {
         let rest = &line[line.find(after).unwrap_or_else(|| panic!("{line}")) + after.len()..];
         let mut w = rest.split_whitespace();
-        let v: f64 = w.next().unwrap().parse().unwrap();
-        match w.next().unwrap() {
-            "KiB" => v / 1024.0,
-            "MiB" => v,
-            "GiB" => v * 1024.0,
-            u => panic!("unit {u} in {line}"),
-        }
+        common::mib(w.next().unwrap(), w.next().unwrap())
     };
     let (managed, anonymous, not_managed) = (mib("managed "), mib(" of "), mib("not managed "));
     assert!((managed - want.footprint as f64 / (1 << 20) as f64).abs() < 0.1, "{line} vs footprint {}", want.footprint);

@@ -161,13 +161,13 @@ fn stat_shows_the_tree() {
         .lines()
         .map(|l| l.trim_start_matches('*').split_whitespace().collect::<Vec<_>>())
         .filter(|w| w.len() > 6 && members.iter().any(|m| w[0] == m.pid.to_string()))
-        .map(|w| mib(w[4], w[5]))
+        .map(|w| common::mib(w[4], w[5]))
         .sum();
     let note = text.lines().find(|l| l.contains("the shares overlap (together "));
     if shares > 32.0 {
         let said = note.unwrap_or_else(|| panic!("shares sum to {shares} MiB, no word of it: {text}"));
         let after = said.split("(together ").nth(1).unwrap().split_whitespace().collect::<Vec<_>>();
-        let total = mib(after[0], after[1].trim_end_matches(',').trim_end_matches(')'));
+        let total = common::mib(after[0], after[1].trim_end_matches(',').trim_end_matches(')'));
         assert!((total - shares).abs() < 0.1 * 3.0, "stat's sum {total} against its rows' {shares}: {text}");
     } else {
         assert!(note.is_none(), "shares sum to {shares} MiB, within the budget: {text}");
@@ -179,18 +179,6 @@ fn stat_shows_the_tree() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(!ledger.exists(), "the ledger of a killed tree is not swept");
-}
-
-/// A size as `tierswap stat` prints it (`12.5 MiB`), in MiB.
-fn mib(value: &str, unit: &str) -> f64 {
-    let v: f64 = value.parse().unwrap_or_else(|_| panic!("not a size: {value} {unit}"));
-    v * match unit {
-        "B" => 1.0 / (1 << 20) as f64,
-        "KiB" => 1.0 / 1024.0,
-        "MiB" => 1.0,
-        "GiB" => 1024.0,
-        _ => panic!("not a unit: {unit}"),
-    }
 }
 
 /// The parent exits right after forking three workers: they live on under the tree's budget

@@ -211,3 +211,15 @@ pub fn assert_swapped_both_ways(s: &serde_json::Value, budget_bytes: u64) {
         "footprint max {footprint_max} above 1.25 × budget {budget_bytes}"
     );
 }
+
+/// A size as `tierswap stat` prints it (`12.5 MiB`: a number and its unit), in MiB.
+pub fn mib(value: &str, unit: &str) -> f64 {
+    let v: f64 = value.parse().unwrap_or_else(|_| panic!("not a size: {value} {unit}"));
+    v * match unit {
+        "B" => 1.0 / (1 << 20) as f64,
+        "KiB" => 1.0 / 1024.0,
+        "MiB" => 1.0,
+        "GiB" => 1024.0,
+        _ => panic!("not a unit: {unit}"),
+    }
+}
