@@ -221,6 +221,46 @@ fn workers_outlive_their_parent_under_the_tree_budget() {
     assert!(!ledger.exists(), "the ledger of a tree that is gone is swept");
 }
 
+/// A child that reads what it inherited while its parent rewrites all of it, as a redis
+/// BGSAVE beside a server overwriting keys (treecow.c: 26 MiB under 32 MiB for the tree,
+/// so the parent's pages are resident and shared at the fork). Each write of the parent's
+/// leaves the old page with the child alone: the child's pager finds them
+/// (`adopted_unshared`) and evicts them under its share. Uncounted, as they were, the tree's
+/// PSS peaked at 58 MiB (both processes' copies); found and evicted, at 38–42 (the peak
+/// comes before the child's pager has looked). Every byte of both processes is checked.
+#[test]
+fn a_child_takes_what_its_parent_rewrote() {
+    let dir = TestDir::new("tree-cow");
+    let prog = compile(&dir, "treecow");
+    let budget = 32 * MIB;
+    let (out, ok, small, _) = run_watched(tierswap_run(&["--budget", "32M"], &prog, &["1", "300"]), &dir);
+    assert!(ok && out.contains("treecow ok"), "baseline run: {out}");
+    let stats = dir.path("cow.%p.json");
+    let flags = ["--budget", "32M", "--stats-on-exit", stats.to_str().unwrap()];
+    let (out, ok, seen, gone) = run_watched(tierswap_run(&flags, &prog, &["26", "500"]), &dir);
+    assert!(ok && out.contains("treecow ok"), "{out}");
+    assert!(gone, "the last process out removes the ledger");
+    let mut taken = Vec::new();
+    for e in std::fs::read_dir(dir.path("")).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("cow.")) {
+            taken.push(common::counter(&common::stats(&p), "adopted_unshared"));
+        }
+    }
+    taken.sort_unstable();
+    let pages = 26 * MIB / 4096;
+    assert!(
+        taken.len() == 2 && taken[0] == 0 && taken[1] >= pages / 2 && taken[1] <= pages,
+        "the parent takes none, the child at least half of the {pages} pages its parent rewrote: {taken:?}"
+    );
+    assert!(
+        seen.pss_sum <= budget * 14 / 10 + small.pss_sum,
+        "the tree's PSS reached {} MiB (with 1 MiB of data: {} MiB)",
+        seen.pss_sum >> 20,
+        small.pss_sum >> 20
+    );
+}
+
 /// A child whose own pager has started forks in turn: its child reads the program's memory
 /// (served by the program's pager) and the child's (served by the child's), builds its own,
 /// and its writes stay its own; under 16 MiB for the tree, so all three are swapped.

@@ -215,6 +215,10 @@ counters! {
     /// Pages of memory inherited from the parent that this process's pager took over,
     /// present when it did (events/grant.rs, `serve_grants`).
     adopted_pages,
+    /// Pages of inherited memory taken over while shared with the parent that became this
+    /// process's alone when the parent wrote or dropped its copy, found by a later look
+    /// (mm/mapping.rs, `take_unshared_inherited`).
+    adopted_unshared,
     /// Grants of inherited memory this process's pager could not take over (part of the
     /// range unmapped or managed already): the range stays plain memory, every page in it.
     adopt_refused,

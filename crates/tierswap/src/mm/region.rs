@@ -68,6 +68,11 @@ pub(crate) struct RegionInner {
     pub(crate) marked_in: AtomicU64,
     /// Pages the program made other than plain read-write (see [`super::protect`]).
     pub(crate) protections: super::protect::Protections,
+    /// Inherited memory only: resident pages still shared copy-on-write with the parent
+    /// when last looked at (None in `ptes`, counted in the parent), which become this
+    /// process's alone once the parent writes or drops its copy
+    /// ([`Shared::take_unshared_inherited`](super::Shared::take_unshared_inherited)).
+    pub(crate) shared_inherited: AtomicUsize,
 }
 
 impl RegionInner {

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::compress::COMPRESS_BUF_BYTES;
 use crate::backend::file::UnitWriter;
+use crate::mm::mapping::{SHARED_LOOK_MS, SHARED_LOOK_PAGES};
 use crate::mm::{RegionInner, Shared};
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
 use crate::pagetable::PTES_PER_CHUNK;
@@ -68,6 +69,11 @@ struct Reclaim {
     /// Round-robin position over regions.
     next_region: usize,
     last_metadata: Instant,
+    /// When inherited pages still shared with the parent were last looked at
+    /// ([`Reclaim::look_at_shared`]).
+    last_shared_look: Instant,
+    /// The time between two looks ([`Reclaim::look_at_shared`]).
+    shared_look_every: Duration,
     warned_write_error: bool,
     /// Staged pages reclaim aims to keep (the inactive list's size), see [`inactive_target`].
     inactive_target: i64,
@@ -172,6 +178,7 @@ pub(crate) fn reclaim_thread(s: Arc<Shared>) {
             r.s.refresh_metadata();
             r.last_metadata = Instant::now();
         }
+        r.look_at_shared();
         r.s.refresh_tree();
         let fp = r.s.footprint_bytes();
         r.s.counters.note_footprint(fp);
@@ -205,6 +212,8 @@ impl Reclaim {
             pidfd: if batch { sys::pidfd_self().ok() } else { None },
             next_region: 0,
             last_metadata: Instant::now(),
+            last_shared_look: Instant::now(),
+            shared_look_every: Duration::from_millis(SHARED_LOOK_MS),
             warned_write_error: false,
             inactive_target: i64::MAX,
             active_seen: (0, 0),
@@ -218,6 +227,21 @@ impl Reclaim {
             last_runs: [RunLog::default(); 2],
             warned_window: false,
         })
+    }
+
+    /// Counts as this process's the inherited pages its parent no longer shares
+    /// (`Shared::take_unshared_inherited`): every [`SHARED_LOOK_MS`] for each
+    /// [`SHARED_LOOK_PAGES`] still shared while looks find some; while they find none, up
+    /// to 16 times less often (a worker beside an idle parent would read its page map for
+    /// nothing).
+    fn look_at_shared(&mut self) {
+        if self.last_shared_look.elapsed() < self.shared_look_every {
+            return;
+        }
+        let (taken, left) = self.s.take_unshared_inherited();
+        let pace = Duration::from_millis(SHARED_LOOK_MS * (1 + (left / SHARED_LOOK_PAGES) as u64));
+        self.shared_look_every = if taken > 0 { pace } else { (self.shared_look_every * 2).clamp(pace, pace * 16) };
+        self.last_shared_look = Instant::now();
     }
 
     fn notify_room(&self) {
@@ -276,6 +300,7 @@ impl Reclaim {
             if self.s.wake.shutdown.load(Ordering::Acquire) {
                 return;
             }
+            self.look_at_shared();
             self.s.refresh_tree();
             let fp = self.s.footprint_bytes();
             self.s.counters.note_footprint(fp);
