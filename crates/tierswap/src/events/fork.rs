@@ -62,7 +62,7 @@
 //!  grant (thread mode, server → child): | start | len |       2 × u64
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -123,6 +123,11 @@ struct Child {
     /// The child's end of its link, once its hello came (signal mode: its requests; thread
     /// mode: its grants).
     link: Option<OwnedFd>,
+    /// Thread mode: pieces due at the link that the child never faulted in, granted a run
+    /// at a time after the others (`grant_deferred`), in address order.
+    deferred: VecDeque<(usize, usize)>,
+    /// When the last run of `deferred` went.
+    last_deferred: Instant,
 }
 
 /// What installing one of a child's pages came to.
@@ -161,6 +166,8 @@ pub(crate) fn fork(s: &Arc<Shared>, child_uffd: Uffd) {
         gen: 0,
         last_block: usize::MAX - 1,
         link: None,
+        deferred: VecDeque::new(),
+        last_deferred: Instant::now(),
     };
     for r in s.all_regions() {
         for c in 0..r.n_pages.div_ceil(PTES_PER_CHUNK) {
@@ -286,6 +293,8 @@ impl Child {
             gen,
             last_block: usize::MAX - 1,
             link: None,
+            deferred: VecDeque::new(),
+            last_deferred: Instant::now(),
         };
         for (&a, &v) in &self.pages {
             let src = match v {
@@ -356,18 +365,33 @@ fn serve(s: &Arc<Shared>, mut child: Child, mut scratch: IoBufs) {
             link.map_or(none, |l| l.inbox_bell.as_raw_fd()),
             child.link.as_ref().map_or(none, |f| f.as_raw_fd()),
         ];
-        let ready = match uffd::poll_fds(&fds, if handing_over { 0 } else { quiet_ms }) {
+        let deferring = !handing_over && !child.deferred.is_empty();
+        let timeout = match (handing_over, deferring) {
+            (true, _) => 0,
+            (_, true) => grant::DEFERRED_QUIET.as_millis() as i32,
+            _ => quiet_ms,
+        };
+        let ready = match uffd::poll_fds(&fds, timeout) {
             Ok(r) => r,
             Err(_) => break,
         };
+        if ready == 0 && deferring {
+            if !grant_deferred(s, &mut child, &mut scratch) && gone(&child) {
+                break;
+            }
+            continue;
+        }
         if ready == 0 && !handing_over {
-            if matches!(child.uffd.zeropage(PROBE_ADDR, PAGE_SIZE, true), Err(uffd::Error::ProcessGone { .. })) {
+            if gone(&child) {
                 break;
             }
             quiet_ms = (quiet_ms * 2).min(PROBE_MAX_MS);
             continue;
         }
         quiet_ms = PROBE_FIRST_MS;
+        if deferring && child.last_deferred.elapsed() >= grant::DEFERRED_BUSY {
+            grant_deferred(s, &mut child, &mut scratch);
+        }
         if ready & 1 != 0 && !serve_events(s, &mut child, &mut events, &mut scratch) {
             break;
         }
@@ -586,9 +610,17 @@ fn note_fault(s: &Shared, child: &mut Child, addr: usize, scratch: &mut IoBufs) 
     }
 }
 
-/// Thread mode, the child's own pager just linked: grants every piece due, in runs.
+/// Thread mode, the child's own pager just linked: grants every piece due where the child
+/// faulted or was given pages, in runs; the others (never touched: shared with the parent)
+/// after them, a run at a time (`grant_deferred`).
 fn grant_due(s: &Shared, child: &mut Child, scratch: &mut IoBufs) {
-    let due: Vec<(usize, usize)> = child.pieces.all().into_iter().filter(|&(lo, hi)| child.piece_due(lo, hi)).collect();
+    let (due, later): (Vec<_>, Vec<_>) = child
+        .pieces
+        .all()
+        .into_iter()
+        .filter(|&(lo, hi)| child.piece_due(lo, hi))
+        .partition(|&(lo, _)| child.pieces.touched(lo));
+    child.deferred = later.into();
     let mut k = 0;
     while k < due.len() {
         let mut j = k + 1;
@@ -609,26 +641,56 @@ fn grant_due(s: &Shared, child: &mut Child, scratch: &mut IoBufs) {
 /// keeps the run here (the next fault tries again); an unregister refused (the child
 /// mapped something else there) keeps serving it; a grant the child never reads leaves
 /// the range unmanaged, all its pages in place.
-fn grant(s: &Shared, child: &mut Child, pieces: &[(usize, usize)], scratch: &mut IoBufs) {
-    let (Some(&(lo, _)), Some(&(_, hi))) = (pieces.first(), pieces.last()) else { return };
-    let Some(fd) = child.link.as_ref().map(|f| f.as_raw_fd()) else { return };
+/// True once the grant is sent.
+fn grant(s: &Shared, child: &mut Child, pieces: &[(usize, usize)], scratch: &mut IoBufs) -> bool {
+    let (Some(&(lo, _)), Some(&(_, hi))) = (pieces.first(), pieces.last()) else { return false };
+    let Some(fd) = child.link.as_ref().map(|f| f.as_raw_fd()) else { return false };
     let ours: Vec<usize> = child.pages.range(lo..hi).map(|(&a, _)| a).collect();
     for a in ours {
         match install(s, child, a, false, scratch) {
             Install::Done => {}
             Install::Exists | Install::NotMapped => child.forget(s, a),
-            Install::Retry | Install::Gone => return,
+            Install::Retry | Install::Gone => return false,
         }
     }
     for &(lo, _) in pieces {
         child.pieces.remove(lo);
     }
     if child.uffd.unregister(lo, hi - lo).is_err() {
-        return;
+        return false;
     }
-    if sys::send_msg_nowait(fd, &grant::message(lo, hi)).is_ok() {
+    let sent = sys::send_msg_nowait(fd, &grant::message(lo, hi)).is_ok();
+    if sent {
         s.counters.child_granted_pages.fetch_add(((hi - lo) / PAGE_SIZE) as u64, Ordering::Relaxed);
     }
+    sent
+}
+
+/// Grants the next run of the child's deferred pieces (at most
+/// [`grant::DEFERRED_RUN_PIECES`] adjacent ones still not granted and due); false when
+/// nothing was sent.
+fn grant_deferred(s: &Shared, child: &mut Child, scratch: &mut IoBufs) -> bool {
+    child.last_deferred = Instant::now();
+    let mut run: Vec<(usize, usize)> = Vec::with_capacity(grant::DEFERRED_RUN_PIECES);
+    while let Some(&(lo, hi)) = child.deferred.front() {
+        let adjacent = run.last().is_none_or(|&(_, end)| end == lo);
+        if !adjacent || run.len() == grant::DEFERRED_RUN_PIECES {
+            break;
+        }
+        child.deferred.pop_front();
+        // Granted meanwhile at a fault there, or cut by an unmap: not this run's.
+        if child.pieces.of(lo) == Some((lo, hi)) && child.piece_due(lo, hi) {
+            run.push((lo, hi));
+        } else if !run.is_empty() {
+            break;
+        }
+    }
+    !run.is_empty() && grant(s, child, &run, scratch)
+}
+
+/// Whether the child's mm is gone (its exit or exec): the zero-page probe.
+fn gone(child: &Child) -> bool {
+    matches!(child.uffd.zeropage(PROBE_ADDR, PAGE_SIZE, true), Err(uffd::Error::ProcessGone { .. }))
 }
 
 /// Answers the child's requests queued on its link. False once the child has closed it.

@@ -6,8 +6,10 @@
 //! page-table chunk of a region in use at the fork: 2 MiB at most). A piece is due once the
 //! fork-time pages the server still holds there are at most [`GRANT_PULL`] for each fault
 //! the child took there, and one more, or at its first fault while what the child was given
-//! and no pager counts passes half its share. The server installs the rest of the piece, unregisters it from the
-//! child's userfaultfd and sends `[start, len]` (events/fork.rs, `grant`); the child's
+//! and no pager counts passes half its share; pieces due at the link that the child never
+//! touched go after the others, a few at a time ([`DEFERRED_RUN_PIECES`]). The server
+//! installs the rest of the piece, unregisters it from the child's userfaultfd and sends
+//! `[start, len]` (events/fork.rs, `grant`); the child's
 //! `tierswap-adopt` thread ([`serve_grants`]) registers it with its own pager
 //! (`Shared::adopt_inherited`), which counts, evicts and serves it from then on.
 //!
@@ -43,6 +45,21 @@ pub(crate) const GRANT_PULL: usize = 32;
 
 /// Pieces granted in one run at most (a region of the child's pager each run: 256 MiB).
 pub(crate) const GRANT_MAX_PIECES: usize = 128;
+
+/// Pieces due when the child links that it never faulted in (the parent's resident memory,
+/// which the child shares copy-on-write) are granted later, in runs of at most this many
+/// (16 MiB): the child's pager takes grants one at a time, in order, and taking over all of
+/// them at once (283 MiB for a forking server's child of a parent holding 256 MiB) kept
+/// the pieces the child was reading waiting behind them for 300 ms, their pages counted by
+/// no pager while the child read 40 MiB.
+pub(crate) const DEFERRED_RUN_PIECES: usize = 8;
+
+/// A run of deferred pieces goes when the child's userfaultfd has been quiet this long, or
+/// at most this long after the last run while it is busy.
+pub(crate) const DEFERRED_QUIET: Duration = Duration::from_millis(10);
+
+/// See [`DEFERRED_QUIET`].
+pub(crate) const DEFERRED_BUSY: Duration = Duration::from_millis(50);
 
 /// Longest a fault of a child with a pager of its own waits for that pager to make room.
 const ROOM_WAIT: Duration = Duration::from_millis(5);
@@ -127,6 +144,11 @@ impl Pieces {
         if let Some(p) = self.spans.get_mut(&lo) {
             p.faults += 1;
         }
+    }
+
+    /// Whether the child faulted in piece `lo`, or was given a page there.
+    pub(crate) fn touched(&self, lo: usize) -> bool {
+        self.spans.get(&lo).is_some_and(|p| p.faults > 0 || p.installed > 0)
     }
 
     /// Bytes installed in pieces not granted yet.
@@ -256,5 +278,19 @@ mod tests {
         let g = p.for_fork();
         assert_eq!(g.all(), p.all());
         assert!(!g.due(0, GRANT_PULL + 1), "a grandchild's pieces start with no fault counted");
+    }
+
+    #[test]
+    fn a_piece_is_touched_once_the_child_faulted_or_was_given_a_page_there() {
+        let mut p = Pieces::default();
+        p.add(0, 2 * MIB);
+        p.add(2 * MIB, 4 * MIB);
+        p.add(4 * MIB, 6 * MIB);
+        p.note_fault(0);
+        p.note_installed(3 * MIB);
+        assert!(p.touched(0) && p.touched(2 * MIB) && !p.touched(4 * MIB));
+        assert!(!p.for_fork().touched(0), "a grandchild has touched nothing yet");
+        p.remove(0);
+        assert!(!p.touched(0), "granted: no piece there");
     }
 }
