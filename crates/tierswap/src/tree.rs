@@ -65,7 +65,11 @@ pub const LEDGER_BYTES: usize = HEADER_BYTES + ROW_BYTES * ROWS as usize;
 const REAP_EVERY: Duration = Duration::from_millis(250);
 /// A member whose beat is this recent is alive: only the others' rows are read from /proc
 /// (with 64 members each looking at all every 250 ms, /proc reads would be 16,000 a second).
-const FRESH: Duration = Duration::from_secs(1);
+/// A live member's reclaim thread beats every 2–5 ms, so one silent this long is likely
+/// gone; at a second, the children of a forking server, left zombies by `_exit` until the
+/// server collects them, kept their rows (and the footprints every share counts) for up to
+/// 1.25 s after their exit.
+const FRESH: Duration = Duration::from_millis(100);
 /// How often the share is recomputed at most.
 const REFRESH_EVERY: Duration = Duration::from_millis(2);
 
