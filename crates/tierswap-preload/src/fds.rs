@@ -89,14 +89,21 @@ impl Drop for LowHeld {
     }
 }
 
-/// Protects every descriptor open now that was not in `before`, but for files under
-/// /proc: the pager keeps none open, it reads them (a thread's stat, pagemap, maps) and
-/// closes them, and one open in a pager thread at the moment of the listing, on a low
-/// number the program then dups onto, was refused (EBUSY) for the rest of the run.
-pub(crate) fn protect_new_since(before: &[i32]) {
+/// Protects every descriptor open now that was in neither `before` nor `held`, but for
+/// files under /proc and descriptors closed since the listing: the pager keeps no /proc
+/// file open, it reads them (a thread's stat, pagemap, maps) and closes them. Listed while
+/// the low numbers are still held, so a file a pager thread has open for a moment is on a
+/// high number: listed after they were let go, one such on fd 3, then on fd 4, was refused
+/// (EBUSY) to the program's dup2 for the rest of the run. (A link that cannot be read is a
+/// descriptor closed meanwhile: an open one always has a target, "anon_inode:…" or
+/// "socket:[…]".)
+pub(crate) fn protect_new_since(before: &[i32], held: &LowHeld) {
     let mut n = 0;
     for fd in open_fds() {
-        let transient = std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok_and(|t| t.starts_with("/proc/"));
+        if held.0.contains(&fd) {
+            continue;
+        }
+        let transient = std::fs::read_link(format!("/proc/self/fd/{fd}")).map_or(true, |t| t.starts_with("/proc/"));
         if before.binary_search(&fd).is_err() && !transient && n < MAX_PROTECTED {
             PROTECTED[n].store(fd, Ordering::Relaxed);
             n += 1;

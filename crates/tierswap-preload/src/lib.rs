@@ -243,8 +243,8 @@ fn start_pager(cfg: PagerConfig) -> Result<(), String> {
             eprintln!("tierswap: no control socket for pid {} (`tierswap stat` cannot see it): {e}", std::process::id())
         }
     }
+    fds::protect_new_since(&fds_before, &low);
     drop(low);
-    fds::protect_new_since(&fds_before);
     Ok(())
 }
 
