@@ -39,6 +39,18 @@ fn pss_bytes(pid: u32) -> u64 {
         * 1024
 }
 
+/// The stats every process of a run wrote (`--stats-on-exit PREFIX%p.json` in `dir`).
+fn stats_of_each(dir: &TestDir, prefix: &str) -> Vec<serde_json::Value> {
+    std::fs::read_dir(dir.path(""))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(prefix) && n.ends_with(".json"))
+        })
+        .map(|p| common::stats(&p))
+        .collect()
+}
+
 /// Runs `cmd` (a `tierswap run`) to its end, sampling its ledger every 5 ms; returns its
 /// stdout, whether it succeeded, what was seen, and whether the ledger is gone after.
 fn run_watched(mut cmd: Command, dir: &TestDir) -> (String, bool, Seen, bool) {
@@ -240,13 +252,8 @@ fn a_child_takes_what_its_parent_rewrote() {
     let (out, ok, seen, gone) = run_watched(tierswap_run(&flags, &prog, &["26", "500"]), &dir);
     assert!(ok && out.contains("treecow ok"), "{out}");
     assert!(gone, "the last process out removes the ledger");
-    let mut taken = Vec::new();
-    for e in std::fs::read_dir(dir.path("")).unwrap() {
-        let p = e.unwrap().path();
-        if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("cow.")) {
-            taken.push(common::counter(&common::stats(&p), "adopted_unshared"));
-        }
-    }
+    let mut taken: Vec<u64> =
+        stats_of_each(&dir, "cow.").iter().map(|s| common::counter(s, "adopted_unshared")).collect();
     taken.sort_unstable();
     let pages = 26 * MIB / 4096;
     assert!(
@@ -300,14 +307,10 @@ fn readers_take_over_what_they_inherited() {
     assert!(ok && out.contains("treeread ok"), "{out}");
     assert!(gone, "the last process out removes the ledger");
     let (mut granted, mut adopted, mut files) = (0, 0, 0);
-    for e in std::fs::read_dir(dir.path("")).unwrap() {
-        let p = e.unwrap().path();
-        if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("st.") && n.ends_with(".json")) {
-            let s = common::stats(&p);
-            granted += common::counter(&s, "child_granted_pages");
-            adopted += common::counter(&s, "adopted_pages");
-            files += 1;
-        }
+    for s in stats_of_each(&dir, "st.") {
+        granted += common::counter(&s, "child_granted_pages");
+        adopted += common::counter(&s, "adopted_pages");
+        files += 1;
     }
     assert!(files >= 4, "the parent and its three readers wrote their stats: {files}");
     assert!(granted > 0 && adopted > 0, "granted {granted} pages, adopted {adopted}");
@@ -329,13 +332,9 @@ fn readers_take_over_what_they_inherited() {
     let (out, ok, _, _) = run_watched(tierswap_run(&flags, &prog, &["3", "48"]), &dir);
     assert!(ok && out.contains("treeread ok"), "128M: {out}");
     let mut wp = Vec::new();
-    for e in std::fs::read_dir(dir.path("")).unwrap() {
-        let p = e.unwrap().path();
-        if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("roomy.")) {
-            let s = common::stats(&p);
-            if common::counter(&s, "adopted_pages") > 0 || common::counter(&s, "faults_wp") > 0 {
-                wp.push(common::counter(&s, "faults_wp"));
-            }
+    for s in stats_of_each(&dir, "roomy.") {
+        if common::counter(&s, "adopted_pages") > 0 || common::counter(&s, "faults_wp") > 0 {
+            wp.push(common::counter(&s, "faults_wp"));
         }
     }
     let pages = 48 * MIB / 4096 / 8;
