@@ -204,7 +204,8 @@ counters! {
     child_faults,
     /// Swapped pages a fork shared with the child by slot (a swap count more).
     fork_shared_slots,
-    /// Pages a fork copied for the child: staged ones, and slots whose count was full.
+    /// Pages a fork copied for the child: staged ones, slots whose count was full, and at a
+    /// grandchild's fork the copies its parent still held.
     fork_copied_pages,
     /// Writes of forked children to pages they share with the parent that were present and
     /// clean (write-protected) at the fork: the protection lifted in the child.

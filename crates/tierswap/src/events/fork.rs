@@ -299,7 +299,10 @@ impl Child {
         for (&a, &v) in &self.pages {
             let src = match v {
                 Src::Slot(slot) => g.share_slot(s, slot, scratch),
-                Src::Copy(k) => Some(g.add_copy(&self.copies[k * PAGE_SIZE..(k + 1) * PAGE_SIZE])),
+                Src::Copy(k) => {
+                    s.counters.fork_copied_pages.fetch_add(1, Ordering::Relaxed);
+                    Some(g.add_copy(&self.copies[k * PAGE_SIZE..(k + 1) * PAGE_SIZE]))
+                }
             };
             if let Some(src) = src {
                 g.pages.insert(a, src);
