@@ -17,7 +17,7 @@ use tierswap::{parse_size, PagerConfig, Tiers};
 
 /// The variables the shim reads, all set (or removed) by `run` so a stale one in the
 /// caller's environment cannot change the run.
-const OWNED_VARS: [&str; 14] = [
+const OWNED_VARS: [&str; 15] = [
     "TIERSWAP_BUDGET",
     "TIERSWAP_COMPRESSOR",
     "TIERSWAP_TIERS",
@@ -32,6 +32,7 @@ const OWNED_VARS: [&str; 14] = [
     "TIERSWAP_FAULT_MODE",
     "TIERSWAP_SETTINGS",
     "TIERSWAP_TREE",
+    "TIERSWAP_CGROUP_LIMIT",
 ];
 
 /// Most fault threads `--fault-threads` takes: more only cost memory and wake-ups.
@@ -80,6 +81,14 @@ that only execs costs nothing; what the parent managed before the fork stays ser
 the parent's pager (pages a child reads or writes of it are the child's, resident, not \
 counted). In signal mode a forked child manages nothing new. --per-process gives every \
 process a budget of its own instead. `tierswap stat PID` shows the tree.
+
+The program sees the budget as its memory cgroup's limit: reading memory.limit_in_bytes \
+(cgroup v1) or memory.max (v2) of its own cgroup gives the budget, or the real limit when \
+that is smaller, as under a memcg of that limit. Runtimes that size themselves by it do so \
+for the budget: under --budget 256M the JVM picks the Serial collector and a 126 MiB \
+maximal heap (seeing the machine, G1 and a quarter of its memory), Node.js a 259 MiB heap \
+limit. Reads through libc's open and fopen only (a raw system call reads the real file); \
+--real-cgroup-limit turns it off.
 
 Programs the shim cannot reach: LD_PRELOAD is read by the dynamic loader only, so a \
 statically linked program (a Go binary built without cgo, say), a setuid or setgid program \
@@ -178,6 +187,11 @@ pub struct RunArgs {
     /// own instead of one budget for the whole tree.
     #[arg(long)]
     per_process: bool,
+    /// Let the program read its memory cgroup's real limit. By default a read of its own
+    /// cgroup's memory.limit_in_bytes or memory.max gives the budget (when smaller), so
+    /// runtimes that size their heaps by the limit (the JVM, Node.js) size them for the budget.
+    #[arg(long)]
+    real_cgroup_limit: bool,
     /// The program and its arguments (after --).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROG ARGS")]
     command: Vec<OsString>,
@@ -333,6 +347,7 @@ fn prepare(a: &RunArgs) -> Result<(std::process::Command, u64), String> {
         .env("TIERSWAP_STRICT", if a.strict { "1" } else { "0" })
         .env("TIERSWAP_FAULT_THREADS", a.fault_threads.to_string())
         .env("TIERSWAP_PIN", if a.no_pin { "0" } else { "1" })
+        .env("TIERSWAP_CGROUP_LIMIT", if a.real_cgroup_limit { "0" } else { "1" })
         .env(
             "TIERSWAP_FAULT_MODE",
             match fault_mode {

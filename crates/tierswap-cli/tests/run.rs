@@ -12,7 +12,7 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -255,7 +255,7 @@ fn fault_mode_reaches_the_pager() {
 
 /// Runs `prog ARGS` under `--budget 8M` in fault mode `mode`, the stats written to a file
 /// of `dir` named after the mode; returns the run and that file.
-fn run_in_mode(dir: &TestDir, prog: &Path, mode: &str, args: &[&str]) -> (common::Ran, std::path::PathBuf) {
+fn run_in_mode(dir: &TestDir, prog: &Path, mode: &str, args: &[&str]) -> (common::Ran, PathBuf) {
     let st = dir.path(&format!("stats-{mode}.json"));
     let ran = run_to_end(tierswap_run(
         &["--budget", "8M", "--fault-mode", mode, "--stats-on-exit", st.to_str().unwrap()],
@@ -783,4 +783,67 @@ fn fault_threads_are_pinned_unless_asked_not_to() {
     let (free, own) = fault_thread_cpus(&["--budget", "8M", "--fault-threads", "3", "--no-pin"]);
     assert_eq!(free.len(), 3, "three fault threads: {free:?}");
     assert!(free.iter().all(|c| *c == own), "unpinned, they may run where the program may: {free:?} vs {own}");
+}
+
+/// This process's memory cgroup's limit file and a file beside it: cgroup v1's memory
+/// controller when there is one, else v2's unified hierarchy (at the usual mounts).
+fn own_memory_cgroup_files() -> (PathBuf, PathBuf) {
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").expect("read /proc/self/cgroup");
+    let line = |want: &dyn Fn(&str, &str) -> bool| {
+        cgroup.lines().find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (id, ctl, path) = (f.next()?, f.next()?, f.next()?);
+            want(id, ctl).then(|| path.trim_start_matches('/').to_string())
+        })
+    };
+    if let Some(p) = line(&|_, ctl| ctl.split(',').any(|c| c == "memory")) {
+        let dir = Path::new("/sys/fs/cgroup/memory").join(p);
+        return (dir.join("memory.limit_in_bytes"), dir.join("memory.soft_limit_in_bytes"));
+    }
+    let p = line(&|id, ctl| id == "0" && ctl.is_empty()).expect("a memory cgroup in /proc/self/cgroup");
+    let dir = Path::new("/sys/fs/cgroup").join(p);
+    (dir.join("memory.max"), dir.join("memory.high"))
+}
+
+/// The first line of a file, or "missing".
+fn first_line(p: &Path) -> String {
+    std::fs::read_to_string(p).map_or_else(|_| "missing".into(), |s| s.lines().next().unwrap_or("").to_string())
+}
+
+/// What tests/c/cgroupview.c prints when the limit file reads `limit` and the other `other`.
+fn cgroupview_output(limit: &str, other: &str) -> String {
+    let line = |how: &str, value: &str, cloexec: u8| {
+        if value == "missing" {
+            format!("{how} missing\n")
+        } else {
+            format!("{how} {value} cloexec={cloexec}\n")
+        }
+    };
+    [("open", 0), ("open_cloexec", 1), ("open64", 0), ("openat", 0), ("fopen", 0), ("fopen_e", 1)]
+        .iter()
+        .map(|&(how, c)| line(how, limit, c))
+        .chain(std::iter::once(line("other", other, 0)))
+        .collect()
+}
+
+/// The program reads the budget as its memory cgroup's limit, as it would the limit of a
+/// memcg: through open, open64, openat and fopen, close-on-exec as asked; the real limit
+/// when that is smaller (a limit file that does not exist, v2's root cgroup, reads as the
+/// budget); a file beside it is the kernel's; with --real-cgroup-limit the limit file is too.
+#[test]
+fn the_budget_reads_as_the_memory_cgroups_limit() {
+    let dir = TestDir::new("cgroupview");
+    let prog = compile(&dir, "cgroupview");
+    let (limit, other) = own_memory_cgroup_files();
+    let budget: u64 = 96 << 20;
+    let (real, beside) = (first_line(&limit), first_line(&other));
+    let shown = real.parse::<u64>().map_or(budget, |r| r.min(budget));
+    let args = [limit.to_str().unwrap(), other.to_str().unwrap()];
+    let ran = run_to_end(tierswap_run(&["--budget", "96M"], &prog, &args));
+    assert!(ran.status.success() && ran.stderr.is_empty(), "{}", ran.describe());
+    assert_eq!(ran.stdout, cgroupview_output(&shown.to_string(), &beside), "{}", ran.describe());
+
+    let ran = run_to_end(tierswap_run(&["--budget", "96M", "--real-cgroup-limit"], &prog, &args));
+    assert!(ran.status.success() && ran.stderr.is_empty(), "{}", ran.describe());
+    assert_eq!(ran.stdout, cgroupview_output(&real, &beside), "{}", ran.describe());
 }

@@ -238,3 +238,53 @@ fn go_static_is_named_before_it_starts() {
     assert!(ran.stdout.is_empty(), "not started: {}", ran.describe());
     assert!(ran.stderr.trim_end().ends_with("(--strict: not started)"), "{}", ran.describe());
 }
+
+/// A flag's value in `java -XX:+PrintFlagsFinal` output.
+fn jvm_flag<'a>(flags: &'a str, name: &str) -> &'a str {
+    flags
+        .lines()
+        .find_map(|l| {
+            let mut w = l.split_whitespace();
+            let (_, n, _, v) = (w.next()?, w.next()?, w.next()?, w.next()?);
+            (n == name).then_some(v)
+        })
+        .unwrap_or_else(|| panic!("no {name} in:\n{flags}"))
+}
+
+/// The JVM and Node.js read the budget as their memory cgroup's limit and size themselves
+/// by it, as they do in a memcg of that limit: under 256M the JVM takes the Serial
+/// collector and a maximal heap under the budget (measured: 126 MiB), V8 a heap limit
+/// near it (259 MiB); with --real-cgroup-limit they see the machine's memory (this
+/// project's machine: G1, 6 GiB, 4,144 MiB).
+#[test]
+fn runtimes_size_their_heaps_by_the_budget() {
+    let budget: u64 = 256 << 20;
+    let java = tool("java", &[]);
+    let flags = |extra: &[&str]| {
+        let mut f = vec!["--budget", "256M"];
+        f.extend_from_slice(extra);
+        let ran = run_to_end(tierswap_run(&f, &java, &["-XX:+PrintFlagsFinal", "-version"]));
+        assert!(ran.status.success(), "{}", ran.describe());
+        ran.stdout
+    };
+    let seen = flags(&[]);
+    assert_eq!(jvm_flag(&seen, "UseSerialGC"), "true", "the collector a 256 MiB memcg gets");
+    let max_heap: u64 = jvm_flag(&seen, "MaxHeapSize").parse().unwrap();
+    assert!(max_heap <= budget, "MaxHeapSize {max_heap} within the budget");
+    let machine = flags(&["--real-cgroup-limit"]);
+    let max_heap: u64 = jvm_flag(&machine, "MaxHeapSize").parse().unwrap();
+    assert!(max_heap > budget, "MaxHeapSize {max_heap}: a quarter of the machine's memory");
+
+    let node = tool("node", &[]);
+    let limit = |extra: &[&str]| -> u64 {
+        let mut f = vec!["--budget", "256M"];
+        f.extend_from_slice(extra);
+        let js = "console.log(require('v8').getHeapStatistics().heap_size_limit)";
+        let ran = run_to_end(tierswap_run(&f, &node, &["-e", js]));
+        assert!(ran.status.success(), "{}", ran.describe());
+        ran.stdout.trim().parse().unwrap_or_else(|_| panic!("a number: {}", ran.describe()))
+    };
+    let (seen, machine) = (limit(&[]), limit(&["--real-cgroup-limit"]));
+    assert!(seen <= 2 * budget, "V8's heap limit {seen} near the budget");
+    assert!(machine > 4 * budget, "V8's heap limit {machine} from the machine's memory");
+}

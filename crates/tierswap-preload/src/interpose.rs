@@ -187,6 +187,90 @@ pub extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_in
     raw::syscall_result(unsafe { raw::madvise(addr as usize, len, advice) } as isize) as c_int
 }
 
+// ---- opens: the budget as the memory cgroup's limit (see crate::cgroup) ----------------
+
+extern "C" {
+    /// glibc's fopen, by its other exported name.
+    fn _IO_fopen(path: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE;
+}
+
+/// Whether open flags ask only to read an existing file's contents.
+fn read_only(flags: c_int) -> bool {
+    const NOT_A_READ: c_int = libc::O_CREAT | libc::O_TRUNC | libc::O_TMPFILE | libc::O_PATH | libc::O_DIRECTORY;
+    flags & libc::O_ACCMODE == libc::O_RDONLY && flags & NOT_A_READ == 0
+}
+
+/// The open family: the shown limit for a read of this process's memory cgroup limit file,
+/// else the kernel's openat. `mode` is read only with O_CREAT or O_TMPFILE, as libc's
+/// variadic open does (otherwise the caller passed none and the register holds anything).
+fn open_at(dirfd: c_int, path: *const libc::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
+    if read_only(flags) {
+        // SAFETY: the program's path argument, a C string by open's contract.
+        if let Some(fd) = unsafe { crate::cgroup::open_limit(path, flags & libc::O_CLOEXEC != 0) } {
+            return fd;
+        }
+    }
+    let mode = if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 { mode } else { 0 };
+    // SAFETY: the program's own open, as it asked.
+    unsafe { libc::syscall(libc::SYS_openat, dirfd, path, flags, mode) as c_int }
+}
+
+// SAFETY (for the four below): libc declares them variadic (`open(path, flags, ...)`); on
+// the x86_64 and aarch64 Linux ABIs a variadic integer argument travels in the register a
+// fixed third (fourth) one would, and `mode` is read only when the flags say it was passed.
+
+/// open(2): see [`open_at`].
+#[no_mangle]
+pub extern "C" fn open(path: *const libc::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
+    open_at(libc::AT_FDCWD, path, flags, mode)
+}
+
+/// open64(2): the same as [`open`] on 64-bit.
+#[no_mangle]
+pub extern "C" fn open64(path: *const libc::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
+    open_at(libc::AT_FDCWD, path, flags, mode)
+}
+
+/// openat(2): see [`open_at`] (the limit file only by its absolute path).
+#[no_mangle]
+pub extern "C" fn openat(dirfd: c_int, path: *const libc::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
+    open_at(dirfd, path, flags, mode)
+}
+
+/// openat64(2): the same as [`openat`] on 64-bit.
+#[no_mangle]
+pub extern "C" fn openat64(dirfd: c_int, path: *const libc::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
+    open_at(dirfd, path, flags, mode)
+}
+
+/// fopen(3): a stream on the shown limit for a read of this process's memory cgroup limit
+/// file ("r", no "+"), else glibc's fopen.
+#[no_mangle]
+pub extern "C" fn fopen(path: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE {
+    // SAFETY: fopen's arguments are C strings by its contract.
+    unsafe {
+        if !mode.is_null() {
+            let m = std::ffi::CStr::from_ptr(mode).to_bytes();
+            if m.first() == Some(&b'r') && !m.contains(&b'+') {
+                if let Some(fd) = crate::cgroup::open_limit(path, m.contains(&b'e')) {
+                    let f = libc::fdopen(fd, c"r".as_ptr());
+                    if !f.is_null() {
+                        return f;
+                    }
+                    raw::__close(fd);
+                }
+            }
+        }
+        _IO_fopen(path, mode)
+    }
+}
+
+/// fopen64(3): the same as [`fopen`] on 64-bit.
+#[no_mangle]
+pub extern "C" fn fopen64(path: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE {
+    fopen(path, mode)
+}
+
 // ---- descriptors: the pager's stay open (see crate::fds) ----------------------------
 
 /// close(2), except on the pager's own descriptors (success, nothing closed).

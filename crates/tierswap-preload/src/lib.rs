@@ -22,6 +22,9 @@
 //!   managed memory (see [`heap`]). `large` manages only allocations of at least the
 //!   minimum size (glibc keeps the rest); `off` leaves malloc to glibc.
 //!
+//! Read-only opens of the memory cgroup's limit file give the budget (see `cgroup.rs`):
+//! runtimes size their heaps for it as they would in a memcg of that limit.
+//!
 //! `munmap`, `mremap` and `madvise` pass through to the kernel (raw syscalls) and the pager
 //! follows them through userfaultfd events (zone pages excepted: they go back to their
 //! zone); the one rewrite is MADV_FREE on managed memory, which becomes MADV_DONTNEED: a
@@ -67,6 +70,7 @@
 // The unit tests build without `interpose`, the module that calls into most of this crate.
 #![cfg_attr(test, allow(dead_code))]
 
+mod cgroup;
 mod fds;
 pub mod heap;
 #[cfg(not(test))]
@@ -135,6 +139,9 @@ static OWNER_PID: AtomicUsize = AtomicUsize::new(0);
 struct Settings {
     log: bool,
     stats_path: Option<String>,
+    /// Reads of the memory cgroup's limit give the budget (`TIERSWAP_CGROUP_LIMIT`, on
+    /// unless 0; see [`cgroup`]).
+    cgroup_limit: bool,
 }
 
 /// Whether this thread's allocations are managed now.
@@ -413,8 +420,18 @@ fn config_from_env() -> Result<(PagerConfig, Settings), String> {
     };
     MALLOC_MODE.store(mode, Ordering::Relaxed);
     REALLOC_MREMAP.store(u8::from(var("TIERSWAP_REALLOC_MREMAP").as_deref() == Some("1")), Ordering::Relaxed);
-    let settings =
-        Settings { log: var("TIERSWAP_LOG").is_some_and(|v| v != "0"), stats_path: var("TIERSWAP_STATS_ON_EXIT") };
+    let cgroup_limit = match var("TIERSWAP_CGROUP_LIMIT").as_deref().map(str::trim) {
+        None | Some("1") => true,
+        Some("0") => false,
+        Some(other) => {
+            return Err(format!("TIERSWAP_CGROUP_LIMIT={other}: use 1 (the budget as the cgroup's limit) or 0"))
+        }
+    };
+    let settings = Settings {
+        log: var("TIERSWAP_LOG").is_some_and(|v| v != "0"),
+        stats_path: var("TIERSWAP_STATS_ON_EXIT"),
+        cgroup_limit,
+    };
     Ok((cfg, settings))
 }
 
@@ -440,6 +457,9 @@ extern "C" fn init() {
     // program of the tree at its first need (see the crate comment).
     let waits = cfg.tree.as_deref().is_some_and(|t| tierswap::tree::start_image(t) != Some(std::process::id()));
     let _ = CONFIG.set(cfg.clone());
+    if settings.cgroup_limit {
+        cgroup::show(cfg.budget_bytes);
+    }
     let summary = (!waits && settings.log).then(|| summary(&cfg));
     if !waits {
         if let Err(e) = start_pager(cfg) {
