@@ -810,8 +810,9 @@ fn first_line(p: &Path) -> String {
     std::fs::read_to_string(p).map_or_else(|_| "missing".into(), |s| s.lines().next().unwrap_or("").to_string())
 }
 
-/// What tests/c/cgroupview.c prints when the limit file reads `limit` and the other `other`.
-fn cgroupview_output(limit: &str, other: &str) -> String {
+/// What tests/c/cgroupview.c prints when the limit file reads `limit`, the other `other`
+/// and the plain file (when given) `plain`.
+fn cgroupview_output(limit: &str, other: &str, plain: Option<&str>) -> String {
     let line = |how: &str, value: &str, cloexec: u8| {
         if value == "missing" {
             format!("{how} missing\n")
@@ -819,17 +820,35 @@ fn cgroupview_output(limit: &str, other: &str) -> String {
             format!("{how} {value} cloexec={cloexec}\n")
         }
     };
-    [("open", 0), ("open_cloexec", 1), ("open64", 0), ("openat", 0), ("fopen", 0), ("fopen_e", 1)]
-        .iter()
+    let ways = [("open", 0), ("open_cloexec", 1), ("open64", 0), ("openat", 0), ("fopen", 0), ("fopen_e", 1)];
+    let plain_ways = ["plain_open", "plain_open64", "plain_openat", "plain_fopen"];
+    ways.iter()
         .map(|&(how, c)| line(how, limit, c))
         .chain(std::iter::once(line("other", other, 0)))
+        .chain(plain.into_iter().flat_map(|p| plain_ways.iter().map(move |how| line(how, p, 0))))
         .collect()
+}
+
+/// Builds tests/c/NAME.c of the preload crate into a shared library in `dir`.
+fn compile_library(dir: &TestDir, name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tierswap-preload/tests/c/{name}.c"));
+    let out = dir.path(&format!("{name}.so"));
+    let o = Command::new("cc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .expect("run cc");
+    assert!(o.status.success(), "cc -shared {name}.c failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    out
 }
 
 /// The program reads the budget as its memory cgroup's limit, as it would the limit of a
 /// memcg: through open, open64, openat and fopen, close-on-exec as asked; the real limit
 /// when that is smaller (a limit file that does not exist, v2's root cgroup, reads as the
-/// budget); a file beside it is the kernel's; with --real-cgroup-limit the limit file is too.
+/// budget); a file beside it is the kernel's; with --real-cgroup-limit the limit file is too;
+/// and a preloaded library of the program's own still opens every other file.
 #[test]
 fn the_budget_reads_as_the_memory_cgroups_limit() {
     let dir = TestDir::new("cgroupview");
@@ -841,9 +860,27 @@ fn the_budget_reads_as_the_memory_cgroups_limit() {
     let args = [limit.to_str().unwrap(), other.to_str().unwrap()];
     let ran = run_to_end(tierswap_run(&["--budget", "96M"], &prog, &args));
     assert!(ran.status.success() && ran.stderr.is_empty(), "{}", ran.describe());
-    assert_eq!(ran.stdout, cgroupview_output(&shown.to_string(), &beside), "{}", ran.describe());
+    assert_eq!(ran.stdout, cgroupview_output(&shown.to_string(), &beside, None), "{}", ran.describe());
 
     let ran = run_to_end(tierswap_run(&["--budget", "96M", "--real-cgroup-limit"], &prog, &args));
     assert!(ran.status.success() && ran.stderr.is_empty(), "{}", ran.describe());
-    assert_eq!(ran.stdout, cgroupview_output(&real, &beside), "{}", ran.describe());
+    assert_eq!(ran.stdout, cgroupview_output(&real, &beside, None), "{}", ran.describe());
+
+    // A library of the program's own that interposes the open family (LD_PRELOAD before
+    // run, which puts the shim first) still gets every open of any other file.
+    let openlog = compile_library(&dir, "openlog");
+    let marker = dir.path("openlog-marker");
+    std::fs::write(&marker, "plain bytes\n").unwrap();
+    let mut cmd = tierswap_run(&["--budget", "96M"], &prog, &[args[0], args[1], marker.to_str().unwrap()]);
+    cmd.env("LD_PRELOAD", &openlog);
+    let ran = run_to_end(cmd);
+    assert!(ran.status.success(), "{}", ran.describe());
+    assert_eq!(ran.stdout, cgroupview_output(&shown.to_string(), &beside, Some("plain bytes")), "{}", ran.describe());
+    let m = marker.to_str().unwrap();
+    assert_eq!(
+        ran.stderr,
+        format!("openlog open {m}\nopenlog open64 {m}\nopenlog openat {m}\nopenlog fopen {m}\n"),
+        "{}",
+        ran.describe()
+    );
 }

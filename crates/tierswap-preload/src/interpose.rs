@@ -2,7 +2,7 @@
 //! Each decides "managed or not" and otherwise does exactly what libc would (raw syscalls
 //! for the mmap family, glibc's `__libc_*` allocator for malloc).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use libc::{c_int, c_void, off_t, size_t};
 
@@ -189,6 +189,32 @@ pub extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_in
 
 // ---- opens: the budget as the memory cgroup's limit (see crate::cgroup) ----------------
 
+/// The next definitions of the open family in the search order (another preloaded
+/// library's, say fakeroot's or eatmydata's, else glibc's), found by [`find_next_opens`]
+/// at start-up; 0 before that, when the kernel's openat and glibc's fopen serve.
+static NEXT_OPEN: [AtomicUsize; 6] = [const { AtomicUsize::new(0) }; 6];
+const OPEN: usize = 0;
+const OPEN64: usize = 1;
+const OPENAT: usize = 2;
+const OPENAT64: usize = 3;
+const FOPEN: usize = 4;
+const FOPEN64: usize = 5;
+
+type OpenAtFn = unsafe extern "C" fn(c_int, *const libc::c_char, c_int, libc::mode_t) -> c_int;
+type OpenFn = unsafe extern "C" fn(*const libc::c_char, c_int, libc::mode_t) -> c_int;
+type FopenFn = unsafe extern "C" fn(*const libc::c_char, *const libc::c_char) -> *mut libc::FILE;
+
+/// Finds the next open family (called once from the shim's constructor: dlsym may
+/// allocate and take the loader's lock, which a vfork child or a signal handler must not).
+pub(crate) fn find_next_opens() {
+    let names = [c"open", c"open64", c"openat", c"openat64", c"fopen", c"fopen64"];
+    for (slot, name) in NEXT_OPEN.iter().zip(names) {
+        // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT skips this library's own.
+        let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+        slot.store(f as usize, Ordering::Release);
+    }
+}
+
 extern "C" {
     /// glibc's fopen, by its other exported name.
     fn _IO_fopen(path: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE;
@@ -201,9 +227,11 @@ fn read_only(flags: c_int) -> bool {
 }
 
 /// The open family: the shown limit for a read of this process's memory cgroup limit file,
-/// else the kernel's openat. `mode` is read only with O_CREAT or O_TMPFILE, as libc's
-/// variadic open does (otherwise the caller passed none and the register holds anything).
-fn open_at(dirfd: c_int, path: *const libc::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
+/// else the next open in the search order (`which`, an index of [`NEXT_OPEN`]; `dirfd`
+/// is AT_FDCWD for open and open64). `mode` is passed on only with O_CREAT or O_TMPFILE,
+/// as libc's variadic open reads it (otherwise the caller passed none and the register
+/// holds anything).
+fn open_at(which: usize, dirfd: c_int, path: *const libc::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
     if read_only(flags) {
         // SAFETY: the program's path argument, a C string by open's contract.
         if let Some(fd) = unsafe { crate::cgroup::open_limit(path, flags & libc::O_CLOEXEC != 0) } {
@@ -211,43 +239,53 @@ fn open_at(dirfd: c_int, path: *const libc::c_char, flags: c_int, mode: libc::mo
         }
     }
     let mode = if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 { mode } else { 0 };
-    // SAFETY: the program's own open, as it asked.
-    unsafe { libc::syscall(libc::SYS_openat, dirfd, path, flags, mode) as c_int }
+    let next = NEXT_OPEN[which].load(Ordering::Acquire);
+    // SAFETY: the program's own open, as it asked, through the function dlsym found under
+    // that name (its C prototype, the variadic mode passed as a fixed argument: see below),
+    // or the system call itself.
+    unsafe {
+        match (next, which) {
+            (0, _) => libc::syscall(libc::SYS_openat, dirfd, path, flags, mode) as c_int,
+            (f, OPEN | OPEN64) => std::mem::transmute::<usize, OpenFn>(f)(path, flags, mode),
+            (f, _) => std::mem::transmute::<usize, OpenAtFn>(f)(dirfd, path, flags, mode),
+        }
+    }
 }
 
-// SAFETY (for the four below): libc declares them variadic (`open(path, flags, ...)`); on
-// the x86_64 and aarch64 Linux ABIs a variadic integer argument travels in the register a
-// fixed third (fourth) one would, and `mode` is read only when the flags say it was passed.
+// SAFETY (for the four below and the calls above): libc declares them variadic
+// (`open(path, flags, ...)`); on the x86_64 and aarch64 Linux ABIs a variadic integer
+// argument travels in the register a fixed third (fourth) one would, and `mode` is read
+// only when the flags say it was passed.
 
 /// open(2): see [`open_at`].
 #[no_mangle]
 pub extern "C" fn open(path: *const libc::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
-    open_at(libc::AT_FDCWD, path, flags, mode)
+    open_at(OPEN, libc::AT_FDCWD, path, flags, mode)
 }
 
-/// open64(2): the same as [`open`] on 64-bit.
+/// open64(2): see [`open_at`].
 #[no_mangle]
 pub extern "C" fn open64(path: *const libc::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
-    open_at(libc::AT_FDCWD, path, flags, mode)
+    open_at(OPEN64, libc::AT_FDCWD, path, flags, mode)
 }
 
 /// openat(2): see [`open_at`] (the limit file only by its absolute path).
 #[no_mangle]
 pub extern "C" fn openat(dirfd: c_int, path: *const libc::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
-    open_at(dirfd, path, flags, mode)
+    open_at(OPENAT, dirfd, path, flags, mode)
 }
 
-/// openat64(2): the same as [`openat`] on 64-bit.
+/// openat64(2): see [`open_at`].
 #[no_mangle]
 pub extern "C" fn openat64(dirfd: c_int, path: *const libc::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
-    open_at(dirfd, path, flags, mode)
+    open_at(OPENAT64, dirfd, path, flags, mode)
 }
 
-/// fopen(3): a stream on the shown limit for a read of this process's memory cgroup limit
-/// file ("r", no "+"), else glibc's fopen.
-#[no_mangle]
-pub extern "C" fn fopen(path: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE {
-    // SAFETY: fopen's arguments are C strings by its contract.
+/// The fopen family: a stream on the shown limit for a read ("r", no "+") of this
+/// process's memory cgroup limit file, else the next fopen in the search order (`which`).
+fn fopen_as(which: usize, path: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE {
+    // SAFETY: fopen's arguments are C strings by its contract; the stream is made on our
+    // own memfd; the next fopen is called with the arguments the program gave.
     unsafe {
         if !mode.is_null() {
             let m = std::ffi::CStr::from_ptr(mode).to_bytes();
@@ -261,14 +299,23 @@ pub extern "C" fn fopen(path: *const libc::c_char, mode: *const libc::c_char) ->
                 }
             }
         }
-        _IO_fopen(path, mode)
+        match NEXT_OPEN[which].load(Ordering::Acquire) {
+            0 => _IO_fopen(path, mode),
+            f => std::mem::transmute::<usize, FopenFn>(f)(path, mode),
+        }
     }
 }
 
-/// fopen64(3): the same as [`fopen`] on 64-bit.
+/// fopen(3): see [`fopen_as`].
+#[no_mangle]
+pub extern "C" fn fopen(path: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE {
+    fopen_as(FOPEN, path, mode)
+}
+
+/// fopen64(3): see [`fopen_as`].
 #[no_mangle]
 pub extern "C" fn fopen64(path: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE {
-    fopen(path, mode)
+    fopen_as(FOPEN64, path, mode)
 }
 
 // ---- descriptors: the pager's stay open (see crate::fds) ----------------------------

@@ -442,6 +442,8 @@ fn program_name() -> String {
 /// The constructor: reads the environment and starts the pager, or says why not.
 extern "C" fn init() {
     find_libc_usable_size();
+    #[cfg(not(test))]
+    interpose::find_next_opens();
     signals::find_libc_signals();
     let (cfg, settings) = match config_from_env() {
         Ok(x) => x,

@@ -1,9 +1,11 @@
-/* Reads a memory cgroup's limit file every way libc opens a file, and another file beside it.
- * Usage: cgroupview LIMIT_FILE OTHER_FILE
+/* Reads a memory cgroup's limit file every way libc opens a file, and other files.
+ * Usage: cgroupview LIMIT_FILE OTHER_FILE [PLAIN_FILE]
  * Prints, one line each, the first line of LIMIT_FILE read through open, open64, openat
  * (AT_FDCWD), fopen ("r") and fopen ("re"), each followed by whether the descriptor is
  * close-on-exec (as asked: only "re" and open with O_CLOEXEC are), then "other " and the
- * first line of OTHER_FILE through open. A file it cannot open prints "missing". */
+ * first line of OTHER_FILE through open; then, given PLAIN_FILE, "plain_open",
+ * "plain_open64", "plain_openat" and "plain_fopen" lines for it. A file it cannot open
+ * prints "missing". */
 #include "common.h"
 
 #include <fcntl.h>
@@ -37,8 +39,8 @@ static void from_stream(const char *how, FILE *f) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: cgroupview LIMIT_FILE OTHER_FILE\n");
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: cgroupview LIMIT_FILE OTHER_FILE [PLAIN_FILE]\n");
         return 2;
     }
     from_fd("open", open(argv[1], O_RDONLY));
@@ -48,5 +50,11 @@ int main(int argc, char **argv) {
     from_stream("fopen", fopen(argv[1], "r"));
     from_stream("fopen_e", fopen(argv[1], "re"));
     from_fd("other", open(argv[2], O_RDONLY));
+    if (argc == 4) {
+        from_fd("plain_open", open(argv[3], O_RDONLY));
+        from_fd("plain_open64", open64(argv[3], O_RDONLY));
+        from_fd("plain_openat", openat(AT_FDCWD, argv[3], O_RDONLY));
+        from_stream("plain_fopen", fopen(argv[3], "r"));
+    }
     return 0;
 }
