@@ -17,7 +17,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    assert_swapped_both_ways, compile, preload, run_to_end, run_within, stats, tierswap_bin, tierswap_run, TestDir,
+    assert_swapped_both_ways, compile, compile_library, preload, run_to_end, run_within, stats, tierswap_bin,
+    tierswap_run, TestDir,
 };
 
 /// Runs `tierswap run ARGS`, which must refuse them: exit 2, nothing on stdout, one line on
@@ -827,21 +828,6 @@ fn cgroupview_output(limit: &str, other: &str, plain: Option<&str>) -> String {
         .chain(std::iter::once(line("other", other, 0)))
         .chain(plain.into_iter().flat_map(|p| plain_ways.iter().map(move |how| line(how, p, 0))))
         .collect()
-}
-
-/// Builds tests/c/NAME.c of the preload crate into a shared library in `dir`.
-fn compile_library(dir: &TestDir, name: &str) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tierswap-preload/tests/c/{name}.c"));
-    let out = dir.path(&format!("{name}.so"));
-    let o = Command::new("cc")
-        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .arg("-ldl")
-        .output()
-        .expect("run cc");
-    assert!(o.status.success(), "cc -shared {name}.c failed:\n{}", String::from_utf8_lossy(&o.stderr));
-    out
 }
 
 /// The program reads the budget as its memory cgroup's limit, as it would the limit of a

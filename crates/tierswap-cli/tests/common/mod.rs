@@ -76,12 +76,22 @@ impl Drop for TestDir {
 
 /// Compiles tests/c/NAME.c of the preload crate into `dir`.
 pub fn compile(dir: &TestDir, name: &str) -> PathBuf {
-    let src_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tierswap-preload/tests/c");
-    let out = dir.path(name);
+    cc(name, dir.path(name), &["-pthread"])
+}
+
+/// Compiles tests/c/NAME.c of the preload crate into a shared library NAME.so in `dir`.
+pub fn compile_library(dir: &TestDir, name: &str) -> PathBuf {
+    cc(name, dir.path(&format!("{name}.so")), &["-shared", "-fPIC", "-ldl"])
+}
+
+fn cc(name: &str, out: PathBuf, flags: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tierswap-preload/tests/c/{name}.c"));
     let o = Command::new("cc")
-        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-o"])
+        .args(["-O2", "-Wall", "-Wextra", "-Werror"])
+        .args(flags)
+        .arg("-o")
         .arg(&out)
-        .arg(src_dir.join(format!("{name}.c")))
+        .arg(src)
         .output()
         .expect("run cc (the tests compile C programs: install a C compiler)");
     assert!(o.status.success(), "cc {name}.c failed:\n{}", String::from_utf8_lossy(&o.stderr));
