@@ -87,8 +87,8 @@ The program sees the budget as its memory cgroup's limit: reading memory.limit_i
 that is smaller, as under a memcg of that limit. Runtimes that size themselves by it do so \
 for the budget: under --budget 256M the JVM picks the Serial collector and a 126 MiB \
 maximal heap (seeing the machine, G1 and a quarter of its memory), Node.js a 259 MiB heap \
-limit. Reads through libc's open and fopen only (a raw system call reads the real file); \
---real-cgroup-limit turns it off.
+limit. Reads by absolute path through libc's open and fopen only (a raw system call reads \
+the real file); --real-cgroup-limit turns it off.
 
 Programs the shim cannot reach: LD_PRELOAD is read by the dynamic loader only, so a \
 statically linked program (a Go binary built without cgo, say), a setuid or setgid program \

@@ -12,13 +12,14 @@
 //! with the G1 it picked seeing 24 GiB, 175–220 s with the Serial collector it picks in a
 //! memcg (docs/design.md, "The budget as the cgroup's limit").
 //!
-//! Only that: reads (read-only opens) of those two files, in the directories
-//! `/proc/self/cgroup` names for this process under the cgroup mounts `/proc/self/mountinfo`
-//! lists, through libc's `open`, `open64`, `openat`, `openat64`, `fopen` and `fopen64`
-//! (`interpose.rs`, which hands every other open to the next definition in the search
-//! order: a library the program preloads itself, fakeroot's say, still sees its opens).
-//! Everything else, usage files included, is the kernel's: a program making the system
-//! call itself (Go's runtime) reads the real file.
+//! Only that: reads (read-only opens, by absolute path, as the JVM and libuv open them) of
+//! those two files, in the directories `/proc/self/cgroup` names for this process under
+//! the cgroup mounts `/proc/self/mountinfo` lists, through libc's `open`, `open64`,
+//! `openat`, `openat64`, `fopen` and `fopen64` (`interpose.rs`, which hands every other
+//! open to the next definition in the search order: a library the program preloads
+//! itself, fakeroot's say, still sees its opens). Everything else, usage files included,
+//! is the kernel's: a program making the system call itself (Go's runtime) reads the real
+//! file. Not shown to a program that runs unmanaged (its pager could not start).
 //!
 //! The answer is a memfd holding the number and a newline, read from its start. Written
 //! here, not taken from a crate: it runs inside the program's `open`, before and beside

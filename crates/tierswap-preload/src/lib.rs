@@ -459,14 +459,16 @@ extern "C" fn init() {
     // program of the tree at its first need (see the crate comment).
     let waits = cfg.tree.as_deref().is_some_and(|t| tierswap::tree::start_image(t) != Some(std::process::id()));
     let _ = CONFIG.set(cfg.clone());
-    if settings.cgroup_limit {
-        cgroup::show(cfg.budget_bytes);
-    }
+    let budget = cfg.budget_bytes;
     let summary = (!waits && settings.log).then(|| summary(&cfg));
     if !waits {
         if let Err(e) = start_pager(cfg) {
             return refuse(&e);
         }
+    }
+    // A program running unmanaged (refused above) reads its real limit.
+    if settings.cgroup_limit {
+        cgroup::show(budget);
     }
     let _ = SETTINGS.set(settings);
     OWNER_PID.store(std::process::id() as usize, Ordering::Relaxed);
