@@ -132,6 +132,25 @@ fn signals_pass_through() {
     }
 }
 
+/// A program's handlers of the signals it blocks for a moment run on its own thread once it
+/// unblocks them, never on a pager thread (tests/c/sigthread.c: 20 rounds of SIGCHLD and
+/// SIGALRM held blocked; bash, whose SIGCHLD handler ran on the control socket's thread,
+/// crashed in most runs of a loop of pipelines); and a shell's loop of pipelines runs
+/// through with every line right.
+#[test]
+fn a_programs_signal_handlers_run_on_its_own_threads() {
+    let dir = TestDir::new("sigthread");
+    let prog = compile(&dir, "sigthread");
+    for _ in 0..3 {
+        let ran = run_to_end(tierswap_run(&["--budget", "16M"], &prog, &["20"]));
+        assert!(ran.status.success() && ran.stdout.trim() == "sigthread ok 40", "{}", ran.describe());
+    }
+    let script = "for i in $(seq 1 300); do echo $i | cut -c1-8; done";
+    let ran = run_to_end(tierswap_run(&["--budget", "64M"], Path::new("/bin/bash"), &["-c", script]));
+    let want: String = (1..=300).map(|i| format!("{i}\n")).collect();
+    assert!(ran.status.success() && ran.stdout == want, "{}", ran.describe());
+}
+
 /// Bad flags, a missing program, an unknown flag: one line on stderr, nothing on stdout,
 /// exit 2, and the program never starts.
 #[test]

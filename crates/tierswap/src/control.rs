@@ -196,7 +196,12 @@ impl ControlServer {
         let ctx = ServeContext { listener, stop: stop.clone(), path: path.clone(), pid, cmdline, started_unix };
         let thread = std::thread::Builder::new()
             .name("tierswap-control".into())
-            .spawn(move || ctx.serve(stats))
+            .spawn(move || {
+                // Like every pager thread: a program's handler of a signal its own threads
+                // block for a moment (bash's SIGCHLD) must wait for them, not run here.
+                crate::sys::block_signals();
+                ctx.serve(stats)
+            })
             .map_err(|source| Error::Io { what: "start the server thread", path: path.clone(), source });
         let thread = match thread {
             Ok(t) => t,
