@@ -518,6 +518,12 @@ pub struct PagerConfig {
     /// were evicted. Off (the default): every staged fault takes its block. Lab variant
     /// `[no-]staged-adapt`.
     pub staged_around_adapt: bool,
+    /// First-touch fault-around also where a first touch lands right after a present page
+    /// (one of several fills taking turns in one region: a heap's size-class spans), 64 KiB
+    /// at a time; without it only where the region's last first touch ended. Python
+    /// building and reading back 65 MB of JSON took 90 k first-touch faults without it and
+    /// 56–58 k with it (docs/design.md, Fault-around). Lab variant `[no-]touch-follow`.
+    pub first_touch_follow: bool,
     /// Reclaim evicts on to its low watermark (1/12 under the budget) only while faults wait
     /// for room: when none did during its last batch it stops at the high watermark (1/32
     /// under). Taking any fault during the batch as the sign (off), a program faulting
@@ -677,6 +683,7 @@ impl Default for PagerConfig {
             inactive_thrash_shrink: true,
             inactive_adapt: false,
             staged_around_adapt: false,
+            first_touch_follow: true,
             throttle_headroom: true,
             pool_adapt: true,
             pool_compact: false,
@@ -885,7 +892,7 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
 /// The engine settings a lab variant (`tierswap bench --engine tierswap:SETTING…`) or
 /// `tierswap run --set` may change, as they are spelled (for help and error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), pool-floor=PCT (the least the pool limit that follows the workload goes down to, percent of the budget), inactive=PCT (the inactive list's size, percent of the budget, 1..75), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]pool-room, [no-]wp-adapt, [no-]write-predict, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]stage-fill, [no-]thrash-shrink, [no-]inactive-adapt, [no-]staged-adapt, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, [no-]read-yield, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]pool-room, [no-]wp-adapt, [no-]write-predict, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]stage-fill, [no-]thrash-shrink, [no-]inactive-adapt, [no-]staged-adapt, [no-]touch-follow, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, [no-]read-yield, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// The largest stride prefetch window a setting may ask for, in pages.
 const MAX_SETTING_PREFETCH_PAGES: u32 = 1024;
@@ -972,6 +979,8 @@ pub enum Setting {
     /// `staged-adapt` / `no-staged-adapt`: a staged fault brings its block only where it
     /// continues the region's last one.
     StagedAdapt(bool),
+    /// `touch-follow` / `no-touch-follow`: first-touch fault-around after a present page too.
+    TouchFollow(bool),
     /// `read-next-unit` / `no-read-next-unit`: whole-unit file reads take the next unit too.
     ReadNextUnit(bool),
     /// `spin=US`: the fault threads' adaptive spin.
@@ -1044,6 +1053,7 @@ impl Setting {
             Setting::StageFill(on) => config.stage_fill = on,
             Setting::ThrashShrink(on) => config.inactive_thrash_shrink = on,
             Setting::StagedAdapt(on) => config.staged_around_adapt = on,
+            Setting::TouchFollow(on) => config.first_touch_follow = on,
             Setting::InactiveAdapt(on) => config.inactive_adapt = on,
             Setting::ReadNextUnit(on) => config.file_read_next_unit = on,
             Setting::WholeEvidence(n) => config.file_whole_evidence = n,
@@ -1181,6 +1191,8 @@ impl Setting {
             "no-inactive-adapt" => switch(Setting::InactiveAdapt, false),
             "staged-adapt" => switch(Setting::StagedAdapt, true),
             "no-staged-adapt" => switch(Setting::StagedAdapt, false),
+            "touch-follow" => switch(Setting::TouchFollow, true),
+            "no-touch-follow" => switch(Setting::TouchFollow, false),
             "keep-clean" => switch(Setting::KeepClean, true),
             "no-keep-clean" => switch(Setting::KeepClean, false),
             "encrypt" => switch(Setting::Encrypt, true),
@@ -1324,6 +1336,7 @@ mod setting_tests {
         ("stage-fill", "stage_fill"),
         ("thrash-shrink", "inactive_thrash_shrink"),
         ("staged-adapt", "staged_around_adapt"),
+        ("touch-follow", "first_touch_follow"),
         ("inactive-adapt", "inactive_adapt"),
         ("follow", "fault_follow"),
         ("throttle-headroom", "throttle_headroom"),

@@ -293,6 +293,38 @@ fn first_touch_in_order_maps_the_next_pages_in_the_same_fault() {
     }
 }
 
+/// Two fills taking turns in one region (a heap's size-class spans in one arena): each
+/// breaks the region's last first touch for the other, so without `first_touch_follow` every
+/// page is a fault of its own; with it a touch right after a present page maps the next
+/// 64 KiB, and a fill takes a fault per 16 pages.
+#[test]
+fn fills_taking_turns_in_one_region_map_ahead_with_touch_follow() {
+    for follow in [true, false] {
+        let n = 1024;
+        let p =
+            start(PagerConfig { first_touch_follow: follow, ..config(64 << 20, "zero,pool", FaultMode::Thread, 1) });
+        let mut r = p.region(2 * n * PAGE, Hint::Normal).unwrap();
+        let mem = r.as_mut_slice();
+        for k in 0..n {
+            for pg in [k, n + k] {
+                fill_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg, 3);
+            }
+        }
+        let c = p.stats().counters;
+        assert_eq!(c.faults_first_touch + c.fault_around_pages, 2 * n as u64, "every page mapped once: {c:?}");
+        if follow {
+            // Each fill: its first page alone, the second right after it, then a fault
+            // every 16 pages (17 + 1 ahead of each).
+            assert!(c.faults_first_touch <= (2 * n / 16 + 8) as u64, "{c:?}");
+        } else {
+            assert_eq!(c.faults_first_touch, 2 * n as u64, "{c:?}");
+        }
+        assert!((0..2 * n).all(|pg| page_matches_at(r.as_slice(), pg, 3)), "follow {follow}: written bytes");
+        p.evict_all();
+        assert!((0..2 * n).all(|pg| page_matches_at(r.as_slice(), pg, 3)), "follow {follow}: after eviction");
+    }
+}
+
 #[test]
 fn fault_around_maps_staged_neighbours_and_can_be_switched_off() {
     for on in [true, false] {

@@ -32,23 +32,33 @@ pub(super) fn install_zero(s: &Shared, r: Option<&RegionInner>, addr: usize, wri
     settle_install(s, addr, res)
 }
 
-/// First-touch fault-around: when a first-touch fault at `idx` continues the region's
-/// last one (a program filling memory in order), the untouched pages after it are mapped in
-/// the same call: zeroed pages of their own for a write (the writes that follow take no
-/// fault), the zero page for a read. The window is 64 KiB to start with and doubles while
-/// the fill goes on in order, up to `fault_around_max_pages`. Returns how many pages were
-/// mapped after `idx`; `idx` itself is installed and locked by the caller.
+/// First-touch fault-around: when a first-touch fault at `idx` continues a fill in order,
+/// the untouched pages after it are mapped in the same call: zeroed pages of their own for
+/// a write (the writes that follow take no fault), the zero page for a read. A fill in
+/// order is a fault where the region's last first touch ended: the window is 64 KiB to
+/// start with and doubles while the fill goes on, up to `fault_around_max_pages`. Or a
+/// fault right after a present page (one of several fills taking turns in one region: a
+/// heap's size-class spans, Python's objects in an allocator's arena; `first_touch_follow`):
+/// 64 KiB. Returns how many pages were mapped after `idx`; `idx` itself is installed and
+/// locked by the caller.
 pub(super) fn first_touch_around(s: &Shared, r: &RegionInner, idx: usize, write: bool) -> usize {
-    let in_order = r.first_touch_next.load(Ordering::Relaxed) == idx;
-    if !in_order || !s.config.fault_around {
+    let continues = r.first_touch_next.load(Ordering::Relaxed) == idx;
+    let follows =
+        !continues && s.config.first_touch_follow && idx > 0 && r.ptes.load(idx - 1).state() == PteState::Present;
+    if !(continues || follows) || !s.config.fault_around {
         r.first_touch_next.store(idx + 1, Ordering::Relaxed);
         r.first_touch_window.store(0, Ordering::Relaxed);
         return 0;
     }
     let budget_pages = (s.budget() / PAGE_SIZE as u64) as usize;
     let max = (s.config.fault_around_max_pages as usize).min(budget_pages / 64).clamp(1, MAX_FAULT_AROUND_PAGES);
-    let window = (r.first_touch_window.load(Ordering::Relaxed) * 2).clamp(BLOCK_PAGES.min(max), max);
-    r.first_touch_window.store(window, Ordering::Relaxed);
+    let window = if continues {
+        let w = (r.first_touch_window.load(Ordering::Relaxed) * 2).clamp(BLOCK_PAGES.min(max), max);
+        r.first_touch_window.store(w, Ordering::Relaxed);
+        w
+    } else {
+        BLOCK_PAGES.min(max)
+    };
     // Not into pages the program cannot touch (an uncommitted part of a reservation): the
     // kernel would install them, and reclaim could not stage them (mm/protect.rs).
     let to = (idx + window).min(r.n_pages);
