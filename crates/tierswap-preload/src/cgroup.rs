@@ -97,7 +97,7 @@ fn components(p: &[u8]) -> impl Iterator<Item = &[u8]> {
 
 /// Whether absolute `path` is one of this process's memory cgroup limit files.
 fn is_limit_file(path: &[u8]) -> bool {
-    if SHOWN.load(Ordering::Acquire) == 0 || path.first() != Some(&b'/') {
+    if path.first() != Some(&b'/') {
         return false;
     }
     let Some(files) = FILES.get() else { return false };
@@ -143,7 +143,8 @@ pub(crate) fn format_limit(n: u64, out: &mut [u8; 24]) -> usize {
 /// # Safety
 /// `path` is a valid C string.
 pub(crate) unsafe fn open_limit(path: *const libc::c_char, cloexec: bool) -> Option<libc::c_int> {
-    if path.is_null() || SHOWN.load(Ordering::Relaxed) == 0 {
+    let budget = SHOWN.load(Ordering::Acquire);
+    if path.is_null() || budget == 0 {
         return None;
     }
     // SAFETY: the caller's C string (the program's open argument).
@@ -151,7 +152,6 @@ pub(crate) unsafe fn open_limit(path: *const libc::c_char, cloexec: bool) -> Opt
     if !is_limit_file(p) {
         return None;
     }
-    let budget = SHOWN.load(Ordering::Relaxed);
     let mut real = [0u8; 32];
     // SAFETY: raw openat/read/close on the program's own path, into our stack buffer.
     let real_len = unsafe {
