@@ -71,6 +71,7 @@
 #![cfg_attr(test, allow(dead_code))]
 
 mod cgroup;
+mod creds;
 mod fds;
 pub mod heap;
 #[cfg(not(test))]
@@ -252,6 +253,8 @@ fn start_pager(cfg: PagerConfig) -> Result<(), String> {
     }
     fds::protect_new_since(&fds_before, &low);
     drop(low);
+    // The pager's threads exist now, and with them glibc's SIGSETXID handler.
+    creds::wrap_setxid_handler();
     Ok(())
 }
 
