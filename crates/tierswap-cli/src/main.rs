@@ -12,6 +12,7 @@ use tierswap_bench::{lab, make_engine, report, KernelOptions, RunSpec, WorkloadK
 mod reach;
 mod run;
 mod stat;
+mod user;
 
 /// tierswap: keep a program's memory under a budget with compressed and disk tiers, on
 /// userfaultfd. Sizes take K, M, G, T suffixes (powers of 1024).

@@ -192,6 +192,12 @@ pub struct RunArgs {
     /// runtimes that size their heaps by the limit (the JVM, Node.js) size them for the budget.
     #[arg(long)]
     real_cgroup_limit: bool,
+    /// Run the program as this user (and group: the user's own by default), keeping only
+    /// CAP_SYS_PTRACE, as an ambient capability: a process not run by root needs it for the
+    /// pager to follow its forks. Start run as root; for services that refuse root
+    /// (PostgreSQL).
+    #[arg(long, value_name = "USER[:GROUP]")]
+    user: Option<String>,
     /// The program and its arguments (after --).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROG ARGS")]
     command: Vec<OsString>,
@@ -200,7 +206,7 @@ pub struct RunArgs {
 /// Runs `tierswap run`: returns only on failure (exit 2 and one line on stderr).
 pub fn run(a: RunArgs) -> ExitCode {
     match prepare(&a) {
-        Ok((mut cmd, budget)) => {
+        Ok((mut cmd, budget, user)) => {
             // Said once, before the program starts: a program the shim cannot reach.
             if let Some(why) = a.command.first().and_then(|p| crate::reach::unreachable_reason(p)) {
                 if a.strict {
@@ -211,6 +217,23 @@ pub fn run(a: RunArgs) -> ExitCode {
             let tree = if a.per_process { None } else { tree_ledger(budget) };
             if let Some(path) = &tree {
                 cmd.env("TIERSWAP_TREE", path);
+            }
+            if let Some(user) = &user {
+                // Every process of the tree maps the ledger read-write.
+                if let Some(path) = &tree {
+                    if let Err(e) = std::os::unix::fs::chown(path, Some(user.uid.as_raw()), Some(user.gid.as_raw())) {
+                        eprintln!(
+                            "tierswap run: cannot give the tree's ledger {} to the user ({e}); every process of the tree gets a budget of its own",
+                            path.display()
+                        );
+                    }
+                }
+                if let Err(msg) = crate::user::switch(user) {
+                    if let Some(path) = &tree {
+                        let _ = std::fs::remove_file(path);
+                    }
+                    return fail(&msg);
+                }
             }
             let err = cmd.exec();
             if let Some(path) = &tree {
@@ -261,7 +284,7 @@ fn os_message(e: &std::io::Error) -> String {
 
 /// Checks every flag and builds the command to exec; with the budget the pager will have
 /// (`--set budget=` over `--budget`).
-fn prepare(a: &RunArgs) -> Result<(std::process::Command, u64), String> {
+fn prepare(a: &RunArgs) -> Result<(std::process::Command, u64, Option<crate::user::Target>), String> {
     let size = |flag: &str, v: &str| parse_size(v).map_err(|e| format!("{flag} '{v}': {e}"));
     let budget_bytes = size("--budget", &a.budget)?;
     let tiers: Tiers = a.tiers.parse().map_err(|e| format!("--tiers '{}': {e}", a.tiers))?;
@@ -327,6 +350,7 @@ fn prepare(a: &RunArgs) -> Result<(std::process::Command, u64), String> {
             prog.to_string_lossy()
         ));
     }
+    let user = a.user.as_deref().map(crate::user::parse).transpose()?;
     let so = find_preload()?;
     let mut preload = OsString::from(so.as_os_str());
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
@@ -370,7 +394,10 @@ fn prepare(a: &RunArgs) -> Result<(std::process::Command, u64), String> {
     if a.log {
         cmd.env("TIERSWAP_LOG", "1");
     }
-    Ok((cmd, with_settings.budget_bytes))
+    if let Some(t) = &user {
+        cmd.envs(crate::user::environment(t));
+    }
+    Ok((cmd, with_settings.budget_bytes, user))
 }
 
 /// The shim: `TIERSWAP_PRELOAD`, else beside this binary.

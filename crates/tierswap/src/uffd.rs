@@ -76,7 +76,7 @@ pub mod features {
 #[derive(Debug, Error)]
 pub enum Error {
     /// Neither /dev/userfaultfd nor the userfaultfd(2) system call could be used.
-    #[error("userfaultfd is not available to this process (/dev/userfaultfd: {dev}; userfaultfd(2): {syscall}): run as root, or allow it with `sysctl vm.unprivileged_userfaultfd=1`, or give this user read/write access to /dev/userfaultfd")]
+    #[error("userfaultfd is not available to this process (/dev/userfaultfd: {dev}; userfaultfd(2): {syscall}): run it as root, or with CAP_SYS_PTRACE, which its fork events need anyway (`tierswap run --user USER` as root keeps it across the switch; systemd: AmbientCapabilities=CAP_SYS_PTRACE); vm.unprivileged_userfaultfd=1 alone is not enough")]
     Unavailable {
         /// Why /dev/userfaultfd failed.
         dev: io::Error,
@@ -86,6 +86,9 @@ pub enum Error {
     /// UFFDIO_API failed.
     #[error("UFFDIO_API handshake failed: {0}")]
     Api(io::Error),
+    /// UFFDIO_API refused the fork events: the kernel grants them only with CAP_SYS_PTRACE.
+    #[error("userfaultfd's fork events need CAP_SYS_PTRACE in a process not run by root: run it as root, or keep that capability across the switch to its user (`tierswap run --user USER`, systemd's AmbientCapabilities=CAP_SYS_PTRACE)")]
+    ForkEventsNeedPtrace,
     /// The kernel lacks features we need.
     #[error("this kernel's userfaultfd lacks {}: tierswap needs Linux 6.8 or newer", features::names(*wanted & !*have).join(", "))]
     MissingFeatures {
@@ -405,6 +408,16 @@ pub struct Uffd {
     features: u64,
 }
 
+/// What a refused UFFDIO_API means: EPERM when fork events were asked for is the kernel's
+/// CAP_SYS_PTRACE check (the only one it makes there).
+pub fn api_error(e: io::Error, wanted: u64) -> Error {
+    if e.raw_os_error() == Some(libc::EPERM) && wanted & features::EVENT_FORK != 0 {
+        Error::ForkEventsNeedPtrace
+    } else {
+        Error::Api(e)
+    }
+}
+
 impl AsRawFd for Uffd {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
@@ -459,7 +472,7 @@ impl Uffd {
         let mut api = UffdioApi { api: UFFD_API, features: wanted, ioctls: 0 };
         // SAFETY: as in supported_features.
         if unsafe { libc::ioctl(u.fd.as_raw_fd(), UFFDIO_API as _, &mut api) } < 0 {
-            return Err(Error::Api(io::Error::last_os_error()));
+            return Err(api_error(io::Error::last_os_error(), wanted));
         }
         u.features = wanted;
         Ok(u)

@@ -158,5 +158,17 @@ fn unavailable_error_says_what_to_enable() {
         syscall: std::io::Error::from_raw_os_error(libc::EPERM),
     };
     let m = e.to_string();
-    assert!(m.contains("root") && m.contains("vm.unprivileged_userfaultfd=1") && m.contains("/dev/userfaultfd"), "{m}");
+    assert!(m.contains("root") && m.contains("CAP_SYS_PTRACE") && m.contains("/dev/userfaultfd"), "{m}");
+}
+
+#[test]
+fn a_refused_fork_event_names_the_capability() {
+    for (errno, wanted, says) in [
+        (libc::EPERM, features::EVENT_FORK | features::MOVE, "CAP_SYS_PTRACE"),
+        (libc::EPERM, features::MOVE, "handshake failed"),
+        (libc::EINVAL, features::EVENT_FORK, "handshake failed"),
+    ] {
+        let m = tierswap::uffd::api_error(std::io::Error::from_raw_os_error(errno), wanted).to_string();
+        assert!(m.contains(says), "errno {errno}, features {wanted:#x}: {m}");
+    }
 }

@@ -1,0 +1,143 @@
+//! Programs that run as another user under `tierswap run`: switched by `run --user`, or
+//! switching themselves the way util-linux's `setpriv` does. A process not run by root is
+//! managed only with CAP_SYS_PTRACE (the kernel's condition for userfaultfd's fork events),
+//! and a program that changes its own thread's capabilities before a setuid-family call must
+//! find the pager's threads where its own thread is (glibc aborts the process otherwise).
+//! These tests need root (CI runs as root) and uid/gid 65534.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+use common::{compile, preload, run_to_end, stats, tierswap_bin, tierswap_run, TestDir};
+
+fn need_root() {
+    // SAFETY: getuid has no preconditions.
+    assert_eq!(unsafe { libc::getuid() }, 0, "this test switches to uid 65534 and needs root (CI runs as root)");
+}
+
+/// A directory uid 65534 can write its stats and swap file in.
+fn open_dir(name: &str) -> TestDir {
+    let dir = TestDir::new(name);
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    dir
+}
+
+/// The stats files the tree wrote, by pid.
+fn stats_files(dir: &Path) -> Vec<serde_json::Value> {
+    let mut all: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("stats-"))
+        .map(|n| stats(&dir.join(n)))
+        .collect();
+    all.sort_by_key(|s| s["shim"]["pid"].as_u64());
+    all
+}
+
+/// `run --user 65534:65534`: the program runs as that user with CAP_SYS_PTRACE its only
+/// capability, and is managed, its fork followed: fork.c's child sees the parent's memory
+/// at the fork byte for byte (served through the fork event), and its exec'd program gets
+/// a pager of its own. Without the capability kept no pager could start (no stats at all).
+#[test]
+fn run_user_switches_and_stays_managed() {
+    need_root();
+    let dir = open_dir("user-switch");
+    let prog = compile(&dir, "fork");
+    let st = dir.path("stats-%p.json");
+    let mut cmd =
+        tierswap_run(&["--user", "65534:65534", "--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &[]);
+    cmd.env("TMPDIR", &dir.0);
+    let ran = run_to_end(cmd);
+    assert!(ran.status.success() && ran.stdout.contains("fork ok"), "{}", ran.describe());
+    assert!(ran.stderr.is_empty(), "no warning: {}", ran.describe());
+    let all = stats_files(&dir.0);
+    assert_eq!(all.len(), 2, "the parent and its exec'd program wrote stats: {all:?}");
+    let parent = &all[0];
+    assert!(parent["counters"]["event_fork"].as_u64().unwrap() >= 1, "the fork was followed: {parent}");
+    assert!(parent["counters"]["faults_swapped"].as_u64().unwrap() > 0, "pages went out and came back: {parent}");
+
+    // What the program sees of itself.
+    let mut cmd = tierswap_run(
+        &["--user", "65534:65534", "--budget", "8M"],
+        Path::new("/bin/sh"),
+        &["-c", "id -u; id -g; grep -E '^Cap(Eff|Amb)' /proc/self/status"],
+    );
+    cmd.env("TMPDIR", &dir.0);
+    let ran = run_to_end(cmd);
+    assert!(ran.status.success(), "{}", ran.describe());
+    let lines: Vec<_> = ran.stdout.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
+    // CAP_SYS_PTRACE is bit 19.
+    assert_eq!(lines, ["65534", "65534", "CapEff: 0000000000080000", "CapAmb: 0000000000080000"], "{}", ran.describe());
+
+    let mut cmd = Command::new(tierswap_bin());
+    cmd.args(["run", "--user", "no-such-user-here", "--", "/bin/true"]).env("TIERSWAP_PRELOAD", preload());
+    let ran = run_to_end(cmd);
+    assert_eq!(ran.status.code(), Some(2), "{}", ran.describe());
+    assert!(ran.stderr.contains("--user 'no-such-user-here': no such user"), "{}", ran.describe());
+}
+
+/// setpriv drops root the way a capability-aware daemon does: PR_SET_KEEPCAPS, setresuid,
+/// capset to raise its effective set again, setresgid. Under the shim the process has the
+/// pager's threads too, which glibc's setresgid runs the call on: they had lost every
+/// capability at the setresuid, failed where setpriv's thread succeeded, and glibc aborted
+/// the process (exit 134, nothing said). Now they follow the program's capability changes:
+/// the switched program runs, managed (it keeps CAP_SYS_PTRACE), and checks every byte.
+#[test]
+fn a_program_that_drops_root_itself_is_not_aborted() {
+    need_root();
+    let dir = open_dir("user-setpriv");
+    let status = compile(&dir, "status");
+    let st = dir.path("stats-%p.json");
+    let args = [
+        "--reuid",
+        "65534",
+        "--regid",
+        "65534",
+        "--clear-groups",
+        "--inh-caps",
+        "+sys_ptrace",
+        "--ambient-caps",
+        "+sys_ptrace",
+        status.to_str().unwrap(),
+        "fill-and-check",
+    ];
+    let mut cmd =
+        tierswap_run(&["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], Path::new("setpriv"), &args);
+    cmd.env("TMPDIR", &dir.0);
+    let ran = run_to_end(cmd);
+    assert!(ran.status.success() && ran.stdout.contains("status ok"), "{}", ran.describe());
+    let all = stats_files(&dir.0);
+    // setpriv's image execs rather than exits, so status (same pid, as 65534) writes the one file.
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert!(
+        all[0]["counters"]["faults_swapped"].as_u64().unwrap() > 0,
+        "status's 16 MiB went out and came back under 8M"
+    );
+}
+
+/// A program without CAP_SYS_PTRACE (root with it dropped from its bounding set, as a
+/// container may run) cannot have fork events: it runs unmanaged after one line that names
+/// the capability and how to give it.
+#[test]
+fn without_cap_sys_ptrace_it_says_how_to_keep_it() {
+    need_root();
+    let dir = open_dir("user-noptrace");
+    let status = compile(&dir, "status");
+    let args =
+        ["--inh-caps", "-sys_ptrace", "--bounding-set", "-sys_ptrace", status.to_str().unwrap(), "fill-and-check"];
+    let mut cmd = tierswap_run(&["--budget", "8M"], Path::new("setpriv"), &args);
+    cmd.env("TMPDIR", &dir.0);
+    let ran = run_to_end(cmd);
+    assert!(ran.status.success() && ran.stdout.contains("status ok"), "{}", ran.describe());
+    assert_eq!(ran.stderr.lines().count(), 1, "one warning: {}", ran.describe());
+    assert!(
+        ran.stderr.contains("not managing the memory of status")
+            && ran.stderr.contains("CAP_SYS_PTRACE")
+            && ran.stderr.contains("tierswap run --user"),
+        "{}",
+        ran.describe()
+    );
+}
