@@ -141,3 +141,26 @@ fn without_cap_sys_ptrace_it_says_how_to_keep_it() {
         ran.describe()
     );
 }
+
+/// Workers that give up root right after the fork (dropuid.c: setgroups, setgid, setuid to
+/// 65534, then 16 MiB of their own under a budget of 8M): a worker still waiting for its
+/// first need starts its pager before the switch, while it may still have fork events, so
+/// it is managed (its stats written as 65534) instead of running unmanaged after a warning
+/// per worker.
+#[test]
+fn workers_that_give_up_root_after_the_fork_are_managed() {
+    need_root();
+    let dir = open_dir("user-dropuid");
+    let prog = compile(&dir, "dropuid");
+    let st = dir.path("stats-%p.json");
+    let mut cmd = tierswap_run(&["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &["2"]);
+    cmd.env("TMPDIR", &dir.0);
+    let ran = run_to_end(cmd);
+    assert!(ran.status.success() && ran.stdout.contains("dropuid ok"), "{}", ran.describe());
+    assert!(ran.stderr.is_empty(), "no warning: {}", ran.describe());
+    let all = stats_files(&dir.0);
+    assert_eq!(all.len(), 3, "the parent and both workers had a pager: {all:?}");
+    for worker in &all[1..] {
+        assert!(worker["counters"]["faults_swapped"].as_u64().unwrap() > 0, "the worker's pages came back: {worker}");
+    }
+}

@@ -21,6 +21,10 @@
 //! thread is, and they succeed or fail together. A program that never calls `capset` or
 //! these `prctl`s records nothing and nothing changes. A raw system call gets past this.
 //!
+//! The uid family (`setuid`, `seteuid`, `setreuid`, `setresuid`) is taken too, for one
+//! thing: a process still waiting to start its pager starts it before it gives up root
+//! (see [`crate::before_giving_up_root`]); the call itself is glibc's.
+//!
 //! Written here (no crate does it): the handler runs in a signal and may only make system
 //! calls and read atomics.
 
@@ -256,6 +260,72 @@ pub unsafe extern "C" fn prctl(option: c_int, a2: c_ulong, a3: c_ulong, a4: c_ul
         record();
     }
     ret as c_int
+}
+
+/// The next definitions of the uid family (glibc's, which run the call on every thread),
+/// found once by [`find_next_setuids`]: setuid, seteuid, setreuid, setresuid.
+static NEXT_SETUID: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
+
+/// Finds the next uid family (called once from the shim's constructor: dlsym may allocate).
+pub(crate) fn find_next_setuids() {
+    for (slot, name) in NEXT_SETUID.iter().zip([c"setuid", c"seteuid", c"setreuid", c"setresuid"]) {
+        // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT skips this library's own.
+        let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+        slot.store(f as usize, Ordering::Release);
+    }
+}
+
+/// The uid family: a process waiting to start its pager starts it first while it is root
+/// ([`crate::before_giving_up_root`]), then the next definition runs the call. Without one
+/// (never seen with glibc) the system call, which changes the calling thread only.
+fn set_uids(which: usize, ids: [libc::uid_t; 3]) -> c_int {
+    crate::before_giving_up_root();
+    let next = NEXT_SETUID[which].load(Ordering::Acquire);
+    type One = unsafe extern "C" fn(libc::uid_t) -> c_int;
+    type Two = unsafe extern "C" fn(libc::uid_t, libc::uid_t) -> c_int;
+    type Three = unsafe extern "C" fn(libc::uid_t, libc::uid_t, libc::uid_t) -> c_int;
+    let keep = libc::uid_t::MAX;
+    // SAFETY: the function dlsym found under that name, called with its C prototype, or
+    // the system call itself, with the program's arguments.
+    unsafe {
+        match (next, which) {
+            (0, 0) => libc::syscall(libc::SYS_setuid, ids[0]) as c_int,
+            (0, 1) => libc::syscall(libc::SYS_setresuid, keep, ids[0], keep) as c_int,
+            (0, 2) => libc::syscall(libc::SYS_setreuid, ids[0], ids[1]) as c_int,
+            (0, _) => libc::syscall(libc::SYS_setresuid, ids[0], ids[1], ids[2]) as c_int,
+            (f, 0 | 1) => std::mem::transmute::<usize, One>(f)(ids[0]),
+            (f, 2) => std::mem::transmute::<usize, Two>(f)(ids[0], ids[1]),
+            (f, _) => std::mem::transmute::<usize, Three>(f)(ids[0], ids[1], ids[2]),
+        }
+    }
+}
+
+/// setuid(2).
+#[cfg(not(test))]
+#[no_mangle]
+pub extern "C" fn setuid(uid: libc::uid_t) -> c_int {
+    set_uids(0, [uid, 0, 0])
+}
+
+/// seteuid(3).
+#[cfg(not(test))]
+#[no_mangle]
+pub extern "C" fn seteuid(euid: libc::uid_t) -> c_int {
+    set_uids(1, [euid, 0, 0])
+}
+
+/// setreuid(2).
+#[cfg(not(test))]
+#[no_mangle]
+pub extern "C" fn setreuid(ruid: libc::uid_t, euid: libc::uid_t) -> c_int {
+    set_uids(2, [ruid, euid, 0])
+}
+
+/// setresuid(2).
+#[cfg(not(test))]
+#[no_mangle]
+pub extern "C" fn setresuid(ruid: libc::uid_t, euid: libc::uid_t, suid: libc::uid_t) -> c_int {
+    set_uids(3, [ruid, euid, suid])
 }
 
 #[cfg(test)]

@@ -181,6 +181,24 @@ fn start_at_need(n: usize) {
     if n < MIN_SIZE.load(Ordering::Relaxed) && asked < START_AFTER_BYTES && !worker() {
         return;
     }
+    start_waiting_pager();
+}
+
+/// A process still waiting for its first need (a forked child, an exec'd program of the
+/// tree) that is about to give up root starts its pager first: a process not run by root
+/// cannot have userfaultfd's fork events (they need CAP_SYS_PTRACE), and a pager made
+/// while it is root keeps them after the switch, its threads switched with the program's.
+/// A server whose workers drop to a user of their own after the fork (php-fpm, Apache,
+/// nginx) thus has its workers managed instead of warned about.
+pub(crate) fn before_giving_up_root() {
+    // SAFETY: geteuid has no preconditions.
+    if STATE.load(Ordering::Acquire) == STATE_WAITING && unsafe { libc::geteuid() } == 0 && raw::thread_may_manage() {
+        start_waiting_pager();
+    }
+}
+
+/// Starts the pager of a process waiting for its first need (once; see the crate comment).
+fn start_waiting_pager() {
     if STARTING.swap(true, Ordering::AcqRel) {
         return;
     }
@@ -447,6 +465,7 @@ extern "C" fn init() {
     find_libc_usable_size();
     #[cfg(not(test))]
     interpose::find_next_opens();
+    creds::find_next_setuids();
     signals::find_libc_signals();
     let (cfg, settings) = match config_from_env() {
         Ok(x) => x,
