@@ -52,7 +52,7 @@ pub(super) fn first_touch_around(s: &Shared, r: &RegionInner, idx: usize, write:
     }
     let budget_pages = (s.budget() / PAGE_SIZE as u64) as usize;
     let max = (s.config.fault_around_max_pages as usize).min(budget_pages / 64).clamp(1, MAX_FAULT_AROUND_PAGES);
-    let window = if continues {
+    let window = if continues || s.config.first_touch_follow_grow {
         let w = (r.first_touch_window.load(Ordering::Relaxed) * 2).clamp(BLOCK_PAGES.min(max), max);
         r.first_touch_window.store(w, Ordering::Relaxed);
         w
