@@ -21,9 +21,10 @@
 //! thread is, and they succeed or fail together. A program that never calls `capset` or
 //! these `prctl`s records nothing and nothing changes. A raw system call gets past this.
 //!
-//! The uid family (`setuid`, `seteuid`, `setreuid`, `setresuid`) is taken too, for one
-//! thing: a process still waiting to start its pager starts it before it gives up root
-//! (see [`crate::before_giving_up_root`]); the call itself is glibc's.
+//! The uid family (`setuid`, `seteuid`, `setreuid`, `setresuid`) is taken too, for two
+//! things before glibc's call: a process still waiting to start its pager starts it while
+//! it is root ([`crate::before_giving_up_root`]), and the tree's ledger is given to the
+//! new user ([`crate::before_switching_uid`]).
 //!
 //! Written here (no crate does it): the handler runs in a signal and may only make system
 //! calls and read atomics.
@@ -91,10 +92,17 @@ fn raw_capget() -> Option<Creds> {
     })
 }
 
-/// Records the calling thread's credentials as the program's.
+/// Records the calling thread's credentials as the program's. Two program threads changing
+/// theirs at once take turns; one that waited very long (a signal handler's prctl
+/// interrupting its own thread's record) gives up rather than spin for ever.
 fn record() {
     let Some(c) = raw_capget() else { return };
+    let mut spins = 0u32;
     while WRITER.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        spins += 1;
+        if spins > 1 << 20 {
+            return;
+        }
         std::hint::spin_loop();
     }
     SEQ.fetch_add(1, Ordering::AcqRel);
@@ -280,11 +288,19 @@ pub(crate) fn find_next_setuids() {
 /// (never seen with glibc) the system call, which changes the calling thread only.
 fn set_uids(which: usize, ids: [libc::uid_t; 3]) -> c_int {
     crate::before_giving_up_root();
+    let keep = libc::uid_t::MAX;
+    // The effective uid the call asks for (keep: unchanged).
+    let euid = match which {
+        0 | 1 => ids[0],
+        _ => ids[1],
+    };
+    if euid != keep {
+        crate::before_switching_uid(euid);
+    }
     let next = NEXT_SETUID[which].load(Ordering::Acquire);
     type One = unsafe extern "C" fn(libc::uid_t) -> c_int;
     type Two = unsafe extern "C" fn(libc::uid_t, libc::uid_t) -> c_int;
     type Three = unsafe extern "C" fn(libc::uid_t, libc::uid_t, libc::uid_t) -> c_int;
-    let keep = libc::uid_t::MAX;
     // SAFETY: the function dlsym found under that name, called with its C prototype, or
     // the system call itself, with the program's arguments.
     unsafe {

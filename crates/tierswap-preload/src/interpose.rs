@@ -500,6 +500,7 @@ entry_with_caller! {
 }
 
 extern "C" fn malloc_from(n: size_t, caller: usize) -> *mut c_void {
+    let _held = crate::hold_start_for(caller);
     if crate::called_from_libc(caller) {
         // SAFETY: glibc's malloc, for glibc's own use.
         return unsafe { raw::__libc_malloc(n) };
@@ -523,6 +524,7 @@ extern "C" fn calloc_from(count: size_t, size: size_t, caller: usize) -> *mut c_
         raw::set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
+    let _held = crate::hold_start_for(caller);
     if crate::called_from_libc(caller) || !managing_for(n) {
         // SAFETY: glibc's calloc.
         return unsafe { raw::__libc_calloc(count, size) };
@@ -555,6 +557,7 @@ extern "C" fn realloc_from(p: *mut c_void, n: size_t, caller: usize) -> *mut c_v
         release(p);
         return std::ptr::null_mut();
     }
+    let _held = crate::hold_start_for(caller);
     let owner = heap::owner(p);
     let old_usable = match owner {
         Owner::Small(u) | Owner::Large(u, _, _) if n <= u => return p as *mut c_void,

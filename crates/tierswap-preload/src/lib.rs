@@ -159,13 +159,40 @@ fn pager() -> Option<&'static Pager> {
 }
 
 /// Whether this thread's allocation of `n` bytes is managed, starting a waiting process's
-/// pager when this is its first need (see the crate comment).
+/// pager when this is its first need (see the crate comment), unless the start is held.
 #[inline]
 pub(crate) fn managing_for(n: usize) -> bool {
-    if STATE.load(Ordering::Acquire) == STATE_WAITING {
+    if STATE.load(Ordering::Acquire) == STATE_WAITING && !START_HELD.with(|h| h.get()) {
         start_at_need(n);
     }
     managing()
+}
+
+thread_local! {
+    /// Set while this thread serves an allocation glibc or the loader asked for.
+    static START_HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// While it lives, an allocation on this thread does not start a waiting pager.
+pub(crate) struct StartHeld(bool);
+
+impl Drop for StartHeld {
+    fn drop(&mut self) {
+        START_HELD.with(|h| h.set(self.0));
+    }
+}
+
+/// Holds the start of a waiting pager for an allocation called from glibc's or the
+/// loader's code (`caller`, a return address): they may be holding a lock of their own
+/// (gettext's, while PostgreSQL's checkpointer formatted a message), and a start takes
+/// locks of theirs (an error message's strerror: gettext again; a thread's creation): the
+/// process hung in its own lock. The start waits for the program's next allocation.
+pub(crate) fn hold_start_for(caller: usize) -> StartHeld {
+    let was = START_HELD.with(|h| h.get());
+    if in_libc_text(caller) {
+        START_HELD.with(|h| h.set(true));
+    }
+    StartHeld(was)
 }
 
 #[cold]
@@ -195,6 +222,24 @@ pub(crate) fn before_giving_up_root() {
     if STATE.load(Ordering::Acquire) == STATE_WAITING && unsafe { libc::geteuid() } == 0 && raw::thread_may_manage() {
         start_waiting_pager();
     }
+}
+
+/// Before a process of a tree switches from root to the effective uid `to`: the tree's
+/// ledger, made by `run` as root with mode 0644, becomes `to`'s, so that the processes
+/// this one forks or execs as `to` can join it (members already in keep their mapping;
+/// root can open it whoever owns it). A launcher like setpriv or capsh switching to a
+/// service's user is the tree's root: PostgreSQL's every process, started after it,
+/// could not join (EACCES) and kept a budget of its own.
+pub(crate) fn before_switching_uid(to: libc::uid_t) {
+    // SAFETY: geteuid has no preconditions.
+    if to == 0 || unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let Some(path) = CONFIG.get().and_then(|c| c.tree.as_deref()) else { return };
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else { return };
+    // SAFETY: chown of a NUL-terminated path; -1 keeps the group. A failure leaves the
+    // ledger as it was (the new user's processes then keep budgets of their own, and say so).
+    unsafe { libc::chown(c_path.as_ptr(), to, libc::gid_t::MAX) };
 }
 
 /// Starts the pager of a process waiting for its first need (once; see the crate comment).
@@ -471,8 +516,9 @@ extern "C" fn init() {
         Ok(x) => x,
         Err(reason) => return refuse(&reason),
     };
+    find_libc_text();
     if cfg.fault_mode == tierswap::FaultMode::Signal {
-        find_libc_text();
+        LIBC_KEEPS_OWN.store(true, Ordering::Relaxed);
     } else {
         zones::enable();
     }
@@ -554,8 +600,9 @@ fn refuse_strict(reason: &str) -> ! {
     unsafe { libc::_exit(2) }
 }
 
-/// In signal mode, the executable segment of glibc itself, `[start, end)`; `[0, 0)` in
-/// thread mode. Allocations glibc makes for its own use (a stdio stream's buffer, opendir's
+/// The executable segment of glibc itself, `[start, end)`, and of the loader (`[2]..[4]`).
+/// In both modes an allocation called from there does not start a waiting pager
+/// ([`hold_start_for`]). In signal mode ([`LIBC_KEEPS_OWN`]) allocations glibc makes for its own use (a stdio stream's buffer, opendir's
 /// dirent buffer, getline's line) are handed to system calls (write(2) of a full or
 /// flushed stdout buffer, getdents64), and in signal mode a system call whose buffer is
 /// swapped out fails with EFAULT: a program's buffered output was lost at exit when its
@@ -566,6 +613,9 @@ fn refuse_strict(reason: &str) -> ! {
 /// evicted, and the handler's own thread-local access faulted inside the handler: a JVM's
 /// threads each held a fault buffer and waited for another, for ever.
 pub(crate) static LIBC_TEXT: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
+
+/// Signal mode: glibc's and the loader's own allocations stay glibc's ([`LIBC_TEXT`]).
+static LIBC_KEEPS_OWN: AtomicBool = AtomicBool::new(false);
 
 /// Finds the executable segments of glibc and of the loader for [`LIBC_TEXT`] (a plain walk
 /// of the loaded objects; it may allocate: the shim is not serving yet).
@@ -607,11 +657,17 @@ fn find_libc_text() {
 }
 
 /// Whether `caller` (a return address) is inside glibc or the loader: see [`LIBC_TEXT`].
-pub(crate) fn called_from_libc(caller: usize) -> bool {
+fn in_libc_text(caller: usize) -> bool {
     let inside = |at: usize| {
         caller >= LIBC_TEXT[at].load(Ordering::Relaxed) && caller < LIBC_TEXT[at + 1].load(Ordering::Relaxed)
     };
     inside(0) || inside(2)
+}
+
+/// Whether an allocation for `caller` stays glibc's: glibc's or the loader's own, in
+/// signal mode (see [`LIBC_TEXT`]).
+pub(crate) fn called_from_libc(caller: usize) -> bool {
+    LIBC_KEEPS_OWN.load(Ordering::Relaxed) && in_libc_text(caller)
 }
 
 fn find_libc_usable_size() {

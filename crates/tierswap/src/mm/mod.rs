@@ -314,8 +314,12 @@ impl Shared {
         let stop_fd = sys::eventfd().map_err(io_err("cannot make the fault threads' stop eventfd"))?;
         let watch = Watch::new(fault_threads, config.fault_follow && config.fault_pin)
             .map_err(io_err("cannot make the fault threads' eventfds"))?;
+        // Said once per process image: forked children inherit that it was said (a server's
+        // every worker would repeat it).
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         let tree = config.tree.as_ref().and_then(|path| match crate::tree::Member::join(path, config.budget_bytes) {
             Ok(m) => Some(m),
+            Err(_) if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) => None,
             Err(e) => {
                 eprintln!(
                     "tierswap: pid {} cannot share its tree's budget through {} ({e}); it keeps a budget of its own of {} MiB",
