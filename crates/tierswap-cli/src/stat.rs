@@ -65,29 +65,48 @@ fn dirs_text(dirs: &[PathBuf]) -> String {
     dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
 }
 
-/// The socket of `pid`, or a message naming the directories searched.
-fn find(pid: u32) -> Result<PathBuf, String> {
+/// The sockets of `pid` in search order (more than one when a program exec'd another as
+/// another user: the old image's, under root's directory, is left behind), or a message
+/// naming the directories searched.
+fn find(pid: u32) -> Result<Vec<PathBuf>, String> {
     let dirs = control::search_dirs();
+    let mut found = Vec::new();
+    let mut denied = None;
     for d in &dirs {
         let p = control::socket_path(d, pid);
         match p.symlink_metadata() {
-            Ok(_) => return Ok(p),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                return Err(format!(
-                    "pid {pid}: permission denied on {}: the directory and the process belong to another user (run as that user or as root)",
-                    d.display()
-                ))
-            }
+            Ok(_) => found.push(p),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => denied = denied.or(Some(d)),
             Err(_) => {}
         }
+    }
+    if !found.is_empty() {
+        return Ok(found);
+    }
+    if let Some(d) = denied {
+        return Err(format!(
+            "pid {pid}: permission denied on {}: the directory and the process belong to another user (run as that user or as root)",
+            d.display()
+        ));
     }
     let why = if control::pid_alive(pid) { "it is not managed by tierswap" } else { "no such process" };
     Err(format!("no tierswap pager for pid {pid} ({why}): no {pid}.sock in {}", dirs_text(&dirs)))
 }
 
+/// The first of `pid`'s sockets that answers; else what the first said.
 fn query(pid: u32) -> Result<StatsReply, String> {
-    let path = find(pid)?;
-    control::query_stats(&path).map_err(|e| match e {
+    let paths = find(pid)?;
+    let mut first = None;
+    for path in &paths {
+        match control::query_stats(path) {
+            Ok(r) => return Ok(r),
+            Err(e) => {
+                first.get_or_insert((path, e));
+            }
+        }
+    }
+    let (path, e) = first.expect("find returns at least one socket");
+    Err(match e {
         control::Error::PermissionDenied { .. } | control::Error::Refused { .. } => {
             format!("pid {pid} is another user's process: {e}")
         }

@@ -184,3 +184,66 @@ fn a_pager_never_starts_inside_glibc() {
     assert_eq!(ran.stderr.lines().count(), 1, "the child's one warning: {}", ran.describe());
     assert!(ran.stderr.contains("CAP_SYS_PTRACE"), "{}", ran.describe());
 }
+
+/// A launcher that switches user with the raw system calls (rawswitch.c, as capsh does)
+/// and execs the service: the root image it becomes cannot write `run`'s ledger (root's,
+/// 0644), so it starts one of its own for its descendants, and a forked child of the
+/// service joins that: one budget for the service's tree rather than one per process, and
+/// no line about it.
+#[test]
+fn a_service_started_by_a_raw_switch_keeps_one_budget() {
+    need_root();
+    let dir = open_dir("user-rawswitch");
+    let launcher = compile(&dir, "rawswitch");
+    let prog = compile(&dir, "fork");
+    let st = dir.path("stats-%p.json");
+    let mut cmd = tierswap_run(
+        &["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()],
+        &launcher,
+        &[prog.to_str().unwrap()],
+    );
+    cmd.env("TMPDIR", &dir.0);
+    let ran = run_to_end(cmd);
+    assert!(ran.status.success() && ran.stdout.contains("fork ok"), "{}", ran.describe());
+    assert!(!ran.stderr.contains("cannot share"), "{}", ran.describe());
+    let all = stats_files(&dir.0);
+    assert_eq!(all.len(), 2, "fork (as 65534) and its exec'd program: {all:?}");
+    for s in &all {
+        let ledger = s["tree_ledger"].as_str().unwrap_or_else(|| panic!("in a tree: {s}"));
+        assert!(ledger.ends_with(".u65534"), "the service's own ledger: {ledger}");
+    }
+}
+
+/// `tierswap stat PID` of a service a launcher exec'd after a raw switch: the launcher's
+/// image (root) left its socket under root's directory, the service's answers from its
+/// user's; stat took the first it found, was refused, and said so. It asks each in turn.
+#[test]
+fn stat_finds_the_socket_that_answers() {
+    need_root();
+    let dir = open_dir("user-stat");
+    let launcher = compile(&dir, "rawswitch");
+    let mut cmd = tierswap_run(&["--budget", "8M"], &launcher, &["/bin/sleep", "3"]);
+    cmd.env("TMPDIR", &dir.0).stdin(std::process::Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id();
+    let mut answered = None;
+    for _ in 0..40 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let out = Command::new(tierswap_bin())
+            .args(["stat", &pid.to_string(), "--format", "json"])
+            .env("TMPDIR", &dir.0)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() && text.contains("sleep") {
+            answered = Some(text);
+            break;
+        }
+        answered = None;
+    }
+    assert!(child.wait().unwrap().success());
+    let _ = std::fs::remove_file(format!("/run/tierswap/{pid}.sock"));
+    let text = answered.expect("stat answered for the service");
+    let reply: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(reply["pid"].as_u64(), Some(pid as u64), "{text}");
+}

@@ -242,6 +242,33 @@ pub(crate) fn before_switching_uid(to: libc::uid_t) {
     unsafe { libc::chown(c_path.as_ptr(), to, libc::gid_t::MAX) };
 }
 
+/// A program image that cannot write its tree's ledger starts a ledger of its own beside
+/// it, as the root of its descendants' tree (and starts its pager now, as roots do): a
+/// launcher that switched to a service's user with the raw system call, past
+/// [`before_switching_uid`] (capsh does, through libcap), and exec'd the service, left a
+/// ledger of root's that none of the service's processes could join, each keeping a
+/// budget of its own. Nested under another program of the tree, such a service's tree
+/// gets the whole budget beside it. The old ledger is swept by the next `run`.
+fn reroot_unwritable_ledger(cfg: &mut PagerConfig) {
+    let Some(path) = cfg.tree.clone() else { return };
+    let refused = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied);
+    if !refused {
+        return;
+    }
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else { return };
+    // SAFETY: geteuid has no preconditions.
+    let own = path.with_file_name(format!("{name}.u{}", unsafe { libc::geteuid() }));
+    if tierswap::tree::create(&own, cfg.budget_bytes).is_ok() {
+        // The constructor runs before the program's main, on its only thread.
+        std::env::set_var("TIERSWAP_TREE", &own);
+        cfg.tree = Some(own);
+    }
+}
+
 /// Starts the pager of a process waiting for its first need (once; see the crate comment).
 fn start_waiting_pager() {
     if STARTING.swap(true, Ordering::AcqRel) {
@@ -525,6 +552,8 @@ extern "C" fn init() {
     // A process that started a pager, then exec'd this program, left a row its pager no
     // longer backs (start_image frees it). The tree's root starts its pager now; an exec'd
     // program of the tree at its first need (see the crate comment).
+    let mut cfg = cfg;
+    reroot_unwritable_ledger(&mut cfg);
     let waits = cfg.tree.as_deref().is_some_and(|t| tierswap::tree::start_image(t) != Some(std::process::id()));
     let _ = CONFIG.set(cfg.clone());
     let budget = cfg.budget_bytes;

@@ -353,8 +353,10 @@ pub fn sweep(dir: &Path) -> usize {
     let mut removed = 0;
     for e in entries.flatten() {
         let name = e.file_name();
+        // `tierswap-tree.ROOT`, or `tierswap-tree.ROOT.uUID` (a root image's own, when it
+        // could not write its tree's).
         let Some(root) = name.to_str().and_then(|n| n.strip_prefix("tierswap-tree.")) else { continue };
-        let Ok(root) = root.parse::<u32>() else { continue };
+        let Ok(root) = root.split('.').next().unwrap_or(root).parse::<u32>() else { continue };
         if stat_of(root).is_some() {
             continue;
         }
