@@ -191,7 +191,7 @@ impl ControlServer {
                 return Err(Error::Io { what: "create the stop eventfd", path, source });
             }
         };
-        let cmdline = opts.cmdline.clone().unwrap_or_else(own_cmdline);
+        let cmdline = opts.cmdline.clone();
         let started_unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let ctx = ServeContext { listener, stop: stop.clone(), path: path.clone(), pid, cmdline, started_unix };
         let thread = std::thread::Builder::new()
@@ -274,7 +274,9 @@ struct ServeContext {
     stop: Arc<OwnedFd>,
     path: PathBuf,
     pid: u32,
-    cmdline: String,
+    /// A fixed command line; `None`: read at each request (a server renames its processes:
+    /// PostgreSQL's backends, nginx's workers).
+    cmdline: Option<String>,
     started_unix: u64,
 }
 
@@ -347,7 +349,7 @@ impl ServeContext {
                 Ok(s) => serde_json::to_value(StatsReply {
                     v: PROTOCOL_VERSION,
                     pid: self.pid,
-                    cmdline: self.cmdline.clone(),
+                    cmdline: self.cmdline.clone().unwrap_or_else(own_cmdline),
                     started_unix: self.started_unix,
                     stats: s,
                 })

@@ -1,9 +1,11 @@
-//! Programs that run as another user under `tierswap run`: switched by `run --user`, or
-//! switching themselves the way util-linux's `setpriv` does. A process not run by root is
-//! managed only with CAP_SYS_PTRACE (the kernel's condition for userfaultfd's fork events),
-//! and a program that changes its own thread's capabilities before a setuid-family call must
-//! find the pager's threads where its own thread is (glibc aborts the process otherwise).
-//! These tests need root (CI runs as root) and uid/gid 65534.
+//! Services under `tierswap run`, as operators start them: as another user (switched by
+//! `run --user`, by a launcher, or by the service itself the way util-linux's `setpriv` or
+//! a server's workers do), renaming their processes, watched with `tierswap stat`. A process
+//! not run by root is managed only with CAP_SYS_PTRACE (the kernel's condition for
+//! userfaultfd's fork events); a program that changes its own thread's capabilities before a
+//! setuid-family call must find the pager's threads where its own thread is (glibc aborts
+//! the process otherwise); a pager must never start inside glibc's locks. These tests need
+//! root (CI runs as root) and uid/gid 65534.
 
 mod common;
 
@@ -246,4 +248,28 @@ fn stat_finds_the_socket_that_answers() {
     let text = answered.expect("stat answered for the service");
     let reply: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(reply["pid"].as_u64(), Some(pid as u64), "{text}");
+}
+
+/// A server renames its processes (PostgreSQL's backends, nginx's workers; here perl's `$0`):
+/// `tierswap stat` shows the name they have now, not the one they had when their pager
+/// started.
+#[test]
+fn stat_shows_a_renamed_process_by_its_new_name() {
+    let dir = open_dir("renamed");
+    let mut cmd = tierswap_run(
+        &["--budget", "8M"],
+        Path::new("perl"),
+        &["-e", "$0 = 'tierswap-renamed-proc'; print qq(renamed\\n); STDOUT->flush; sleep 3"],
+    );
+    cmd.env("TMPDIR", &dir.0).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line.trim(), "renamed");
+    let out = Command::new(tierswap_bin()).args(["stat", &pid.to_string(), "--format", "json"]).output().unwrap();
+    assert!(child.wait().unwrap().success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let reply: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(reply["cmdline"].as_str(), Some("tierswap-renamed-proc"), "{text}");
 }
