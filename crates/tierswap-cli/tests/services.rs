@@ -273,3 +273,26 @@ fn stat_shows_a_renamed_process_by_its_new_name() {
     let reply: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     assert_eq!(reply["cmdline"].as_str(), Some("tierswap-renamed-proc"), "{text}");
 }
+
+/// A forked child still waiting for its first need vforks, and the vfork child gives up
+/// root before it execs (vforkuid.c). Its pager must not start there, before the setuid, as
+/// a forked child's does: the vfork child shares the child's memory, so the pager would
+/// have been the child's, with the vfork child's threads and descriptors, gone at its exec
+/// (the child's next mappings failed: "UFFDIO_REGISTER: Bad file descriptor"). The child
+/// starts its own and is managed.
+#[test]
+fn a_vfork_child_giving_up_root_leaves_its_parent_alone() {
+    need_root();
+    let dir = open_dir("user-vfork");
+    let prog = compile(&dir, "vforkuid");
+    let st = dir.path("stats-%p.json");
+    let mut cmd = tierswap_run(&["--log", "--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &[]);
+    cmd.env("TMPDIR", &dir.0);
+    let ran = run_to_end(cmd);
+    assert!(ran.status.success() && ran.stdout.contains("vforkuid ok"), "{}", ran.describe());
+    assert!(ran.stdout.contains("65534") && ran.stdout.contains("child ok"), "{}", ran.describe());
+    assert!(!ran.stderr.contains("cannot map"), "{}", ran.describe());
+    let all = stats_files(&dir.0);
+    assert_eq!(all.len(), 2, "the parent and its child each had a pager: {all:?}");
+    assert!(all[1]["counters"]["faults_swapped"].as_u64().unwrap() > 0, "the child's pages came back: {}", all[1]);
+}

@@ -219,9 +219,23 @@ fn start_at_need(n: usize) {
 /// nginx) thus has its workers managed instead of warned about.
 pub(crate) fn before_giving_up_root() {
     // SAFETY: geteuid has no preconditions.
-    if STATE.load(Ordering::Acquire) == STATE_WAITING && unsafe { libc::geteuid() } == 0 && raw::thread_may_manage() {
+    if STATE.load(Ordering::Acquire) == STATE_WAITING
+        && unsafe { libc::geteuid() } == 0
+        && raw::thread_may_manage()
+        && !in_vfork_child()
+    {
         start_waiting_pager();
     }
+}
+
+/// This process's pid as the shim last saw it: set by the constructor and by the fork
+/// handler, which a vfork child does not run.
+static PROCESS_PID: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether this is a vfork child (it shares its parent's memory until it execs: starting
+/// threads or allocating there would be the parent's).
+fn in_vfork_child() -> bool {
+    PROCESS_PID.load(Ordering::Relaxed) != std::process::id() as usize
 }
 
 /// Before a process of a tree switches from root to the effective uid `to`: the tree's
@@ -232,7 +246,7 @@ pub(crate) fn before_giving_up_root() {
 /// could not join (EACCES) and kept a budget of its own.
 pub(crate) fn before_switching_uid(to: libc::uid_t) {
     // SAFETY: geteuid has no preconditions.
-    if to == 0 || unsafe { libc::geteuid() } != 0 {
+    if to == 0 || unsafe { libc::geteuid() } != 0 || in_vfork_child() {
         return;
     }
     let Some(path) = CONFIG.get().and_then(|c| c.tree.as_deref()) else { return };
@@ -538,6 +552,7 @@ extern "C" fn init() {
     #[cfg(not(test))]
     interpose::find_next_opens();
     creds::find_next_setuids();
+    PROCESS_PID.store(std::process::id() as usize, Ordering::Relaxed);
     signals::find_libc_signals();
     let (cfg, settings) = match config_from_env() {
         Ok(x) => x,
@@ -742,6 +757,7 @@ extern "C" fn fork_parent() {
 extern "C" fn fork_child() {
     // The pager's threads do not exist here. In a tree, in thread mode, the child starts a
     // pager of its own at its first need; otherwise it manages nothing new.
+    PROCESS_PID.store(std::process::id() as usize, Ordering::Relaxed);
     FORKED.store(true, Ordering::Relaxed);
     let state = STATE.load(Ordering::Acquire);
     let own = matches!(state, STATE_READY | STATE_WAITING)
