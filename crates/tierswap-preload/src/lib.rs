@@ -222,7 +222,6 @@ pub(crate) fn before_giving_up_root() {
     if STATE.load(Ordering::Acquire) == STATE_WAITING
         && unsafe { libc::geteuid() } == 0
         && raw::thread_may_manage()
-        && !in_vfork_child()
     {
         start_waiting_pager();
     }
@@ -284,8 +283,9 @@ fn reroot_unwritable_ledger(cfg: &mut PagerConfig) {
 }
 
 /// Starts the pager of a process waiting for its first need (once; see the crate comment).
+/// Never in a vfork child, whose memory is its parent's.
 fn start_waiting_pager() {
-    if STARTING.swap(true, Ordering::AcqRel) {
+    if in_vfork_child() || STARTING.swap(true, Ordering::AcqRel) {
         return;
     }
     let Some(cfg) = CONFIG.get().cloned() else { return };
