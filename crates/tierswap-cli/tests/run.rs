@@ -285,6 +285,35 @@ fn run_in_mode(dir: &TestDir, prog: &Path, mode: &str, args: &[&str]) -> (common
     (ran, st)
 }
 
+/// Large allocations freed and made again (largereuse.c: rounds of 300 KiB–6 MiB buffers
+/// malloc'd, filled, freed; calloc'd again, every byte zero; realloc'd bigger; a forked
+/// child doing the same): every byte right whether the heap keeps freed mappings for reuse
+/// or not, and keeping them spares the unmaps (under 1G, 32 MiB of them may be kept).
+#[test]
+fn large_allocations_freed_and_made_again_keep_their_bytes() {
+    let dir = TestDir::new("largereuse");
+    let prog = compile(&dir, "largereuse");
+    let mut unmaps = Vec::new();
+    for set in ["keep-freed", "no-keep-freed"] {
+        let st = dir.path(&format!("{set}-%p.json"));
+        let flags = ["--budget", "1G", "--set", set, "--stats-on-exit", st.to_str().unwrap()];
+        let ran = run_to_end(tierswap_run(&flags, &prog, &["30"]));
+        assert!(ran.status.success() && ran.stdout.contains("largereuse ok"), "{set}: {}", ran.describe());
+        let parent = std::fs::read_dir(&dir.0)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .find(|n| n.starts_with(&format!("{set}-")))
+            .expect("the parent's stats");
+        unmaps.push(common::counter(&stats(&dir.path(&parent)), "event_unmap"));
+    }
+    assert!(unmaps[0] * 2 < unmaps[1], "kept mappings spare unmaps: {unmaps:?} (keep-freed, no-keep-freed)");
+    // Under a budget the buffers do not fit beside, nothing is kept, and every byte still
+    // comes back from the tiers.
+    let st = dir.path("small-%p.json");
+    let ran = run_to_end(tierswap_run(&["--budget", "6M", "--stats-on-exit", st.to_str().unwrap()], &prog, &["8"]));
+    assert!(ran.status.success() && ran.stdout.contains("largereuse ok"), "{}", ran.describe());
+}
+
 /// Buffers glibc allocates for itself and hands to system calls (a stdout stream's buffer
 /// flushed at exit, a directory stream's getdents64 buffer, getline's reads through a FILE)
 /// keep working when every other page was evicted between their making and their use, in

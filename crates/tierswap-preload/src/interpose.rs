@@ -424,7 +424,7 @@ fn alloc(n: usize, align: usize) -> *mut u8 {
 /// Usable bytes of a live allocation, whoever made it.
 fn usable_size(p: *mut u8) -> usize {
     match heap::owner(p) {
-        Owner::Small(n) | Owner::Large(n, _, _) => n,
+        Owner::Small(n) | Owner::Large(n, _) => n,
         Owner::Libc => libc_usable_size(p),
     }
 }
@@ -534,8 +534,9 @@ extern "C" fn calloc_from(count: size_t, size: size_t, caller: usize) -> *mut c_
         return std::ptr::null_mut();
     }
     match heap::owner(p) {
-        Owner::Large(..) => {}
-        // SAFETY: p has at least n bytes (a reused small object, or a malloc'd glibc block).
+        Owner::Large(_, true) => {}
+        // SAFETY: p has at least n bytes (a reused small or large allocation, or a malloc'd
+        // glibc block).
         _ => unsafe { std::ptr::write_bytes(p, 0, n) },
     }
     p as *mut c_void
@@ -560,8 +561,8 @@ extern "C" fn realloc_from(p: *mut c_void, n: size_t, caller: usize) -> *mut c_v
     let _held = crate::hold_start_for(caller);
     let owner = heap::owner(p);
     let old_usable = match owner {
-        Owner::Small(u) | Owner::Large(u, _, _) if n <= u => return p as *mut c_void,
-        Owner::Small(u) | Owner::Large(u, _, _) => u,
+        Owner::Small(u) | Owner::Large(u, _) if n <= u => return p as *mut c_void,
+        Owner::Small(u) | Owner::Large(u, _) => u,
         Owner::Libc => {
             let wants_ours = !crate::called_from_libc(caller)
                 && managing_for(n)

@@ -219,10 +219,7 @@ fn start_at_need(n: usize) {
 /// nginx) thus has its workers managed instead of warned about.
 pub(crate) fn before_giving_up_root() {
     // SAFETY: geteuid has no preconditions.
-    if STATE.load(Ordering::Acquire) == STATE_WAITING
-        && unsafe { libc::geteuid() } == 0
-        && raw::thread_may_manage()
-    {
+    if STATE.load(Ordering::Acquire) == STATE_WAITING && unsafe { libc::geteuid() } == 0 && raw::thread_may_manage() {
         start_waiting_pager();
     }
 }
@@ -333,10 +330,12 @@ fn start_pager(cfg: PagerConfig) -> Result<(), String> {
     // The descriptors the pager and its control socket open are kept open (see fds).
     let fds_before = fds::open_fds();
     let low = fds::hold_low();
+    let keep = if cfg.keep_freed_large { cfg.budget_bytes } else { 0 };
     let new = {
         let _inside = raw::InPager::enter();
         Pager::new(cfg).map_err(|e| e.to_string())?
     };
+    heap::set_cache_limit(keep);
     CURRENT.store(Box::into_raw(Box::new(new)), Ordering::Release);
     // The control socket serves `tierswap stat PID`; its thread is named `tierswap-control`,
     // so its allocations stay unmanaged like the pager's own. Without it the program still

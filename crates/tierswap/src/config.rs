@@ -528,6 +528,11 @@ pub struct PagerConfig {
     /// fill's, while first touches keep landing after present pages (off: 64 KiB each).
     /// Lab variant `[no-]touch-follow-grow`.
     pub first_touch_follow_grow: bool,
+    /// `tierswap run`'s heap keeps large mappings the program freed (up to a 32nd of the
+    /// budget, 32 MiB at most) for its next large allocations instead of unmapping each:
+    /// a Python JSON round trip 9.6–10.9 s → 8.4–10.5 s (docs/design.md, "The shim's heap").
+    /// Read by the shim only. Lab variant `[no-]keep-freed`.
+    pub keep_freed_large: bool,
     /// Reclaim evicts on to its low watermark (1/12 under the budget) only while faults wait
     /// for room: when none did during its last batch it stops at the high watermark (1/32
     /// under). Taking any fault during the batch as the sign (off), a program faulting
@@ -689,6 +694,7 @@ impl Default for PagerConfig {
             staged_around_adapt: false,
             first_touch_follow: true,
             first_touch_follow_grow: false,
+            keep_freed_large: true,
             throttle_headroom: true,
             pool_adapt: true,
             pool_compact: false,
@@ -897,7 +903,7 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
 /// The engine settings a lab variant (`tierswap bench --engine tierswap:SETTING…`) or
 /// `tierswap run --set` may change, as they are spelled (for help and error messages).
 pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), pool-floor=PCT (the least the pool limit that follows the workload goes down to, percent of the budget), inactive=PCT (the inactive list's size, percent of the budget, 1..75), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
-     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]pool-room, [no-]wp-adapt, [no-]write-predict, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]stage-fill, [no-]thrash-shrink, [no-]inactive-adapt, [no-]staged-adapt, [no-]touch-follow, [no-]touch-follow-grow, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, [no-]read-yield, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
+     [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]pool-room, [no-]wp-adapt, [no-]write-predict, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]stage-fill, [no-]thrash-shrink, [no-]inactive-adapt, [no-]staged-adapt, [no-]touch-follow, [no-]touch-follow-grow, [no-]keep-freed, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, [no-]read-yield, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// The largest stride prefetch window a setting may ask for, in pages.
 const MAX_SETTING_PREFETCH_PAGES: u32 = 1024;
@@ -988,6 +994,8 @@ pub enum Setting {
     TouchFollow(bool),
     /// `touch-follow-grow` / `no-touch-follow-grow`: that fault-around's window doubles.
     TouchFollowGrow(bool),
+    /// `keep-freed` / `no-keep-freed`: `run`'s heap keeps freed large mappings for reuse.
+    KeepFreed(bool),
     /// `read-next-unit` / `no-read-next-unit`: whole-unit file reads take the next unit too.
     ReadNextUnit(bool),
     /// `spin=US`: the fault threads' adaptive spin.
@@ -1062,6 +1070,7 @@ impl Setting {
             Setting::StagedAdapt(on) => config.staged_around_adapt = on,
             Setting::TouchFollow(on) => config.first_touch_follow = on,
             Setting::TouchFollowGrow(on) => config.first_touch_follow_grow = on,
+            Setting::KeepFreed(on) => config.keep_freed_large = on,
             Setting::InactiveAdapt(on) => config.inactive_adapt = on,
             Setting::ReadNextUnit(on) => config.file_read_next_unit = on,
             Setting::WholeEvidence(n) => config.file_whole_evidence = n,
@@ -1203,6 +1212,8 @@ impl Setting {
             "no-touch-follow" => switch(Setting::TouchFollow, false),
             "touch-follow-grow" => switch(Setting::TouchFollowGrow, true),
             "no-touch-follow-grow" => switch(Setting::TouchFollowGrow, false),
+            "keep-freed" => switch(Setting::KeepFreed, true),
+            "no-keep-freed" => switch(Setting::KeepFreed, false),
             "keep-clean" => switch(Setting::KeepClean, true),
             "no-keep-clean" => switch(Setting::KeepClean, false),
             "encrypt" => switch(Setting::Encrypt, true),
@@ -1348,6 +1359,7 @@ mod setting_tests {
         ("staged-adapt", "staged_around_adapt"),
         ("touch-follow", "first_touch_follow"),
         ("touch-follow-grow", "first_touch_follow_grow"),
+        ("keep-freed", "keep_freed_large"),
         ("inactive-adapt", "inactive_adapt"),
         ("follow", "fault_follow"),
         ("throttle-headroom", "throttle_headroom"),
