@@ -164,26 +164,13 @@ fn apply(want: Creds) {
     unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) };
 }
 
-/// Whether the calling thread is one of the pager's (named `tierswap-…`, not the main
-/// thread): read with system calls only, as in a signal handler.
-fn on_pager_thread() -> bool {
-    let mut name = [0u8; 17];
-    // SAFETY: PR_GET_NAME writes at most 16 bytes and a NUL into our 17-byte buffer; gettid
-    // and getpid have no preconditions.
-    unsafe {
-        libc::syscall(libc::SYS_prctl, libc::PR_GET_NAME, name.as_mut_ptr(), 0, 0, 0) == 0
-            && name.starts_with(b"tierswap-")
-            && libc::syscall(libc::SYS_gettid) as i32 != libc::getpid()
-    }
-}
-
 /// In front of glibc's SIGSETXID handler: a pager thread takes the program's recorded
 /// credentials first.
 extern "C" fn on_setxid(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     // SAFETY: __errno_location is this thread's errno; kept for the interrupted code.
     let errno = unsafe { *libc::__errno_location() };
     if let Some(want) = recorded() {
-        if on_pager_thread() {
+        if crate::raw::on_pager_thread() {
             apply(want);
         }
     }

@@ -173,12 +173,15 @@ thread_local! {
     static START_HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// While it lives, an allocation on this thread does not start a waiting pager.
-pub(crate) struct StartHeld(bool);
+/// While it lives, an allocation on this thread does not start a waiting pager (`Some`:
+/// what to restore; `None`: nothing was held).
+pub(crate) struct StartHeld(Option<bool>);
 
 impl Drop for StartHeld {
     fn drop(&mut self) {
-        START_HELD.with(|h| h.set(self.0));
+        if let Some(was) = self.0 {
+            START_HELD.with(|h| h.set(was));
+        }
     }
 }
 
@@ -187,12 +190,13 @@ impl Drop for StartHeld {
 /// (gettext's, while PostgreSQL's checkpointer formatted a message), and a start takes
 /// locks of theirs (an error message's strerror: gettext again; a thread's creation): the
 /// process hung in its own lock. The start waits for the program's next allocation.
+/// Costs one load on every allocation of a process whose pager is running (or not coming).
+#[inline]
 pub(crate) fn hold_start_for(caller: usize) -> StartHeld {
-    let was = START_HELD.with(|h| h.get());
-    if in_libc_text(caller) {
-        START_HELD.with(|h| h.set(true));
+    if STATE.load(Ordering::Relaxed) != STATE_WAITING || !in_libc_text(caller) {
+        return StartHeld(None);
     }
-    StartHeld(was)
+    StartHeld(Some(START_HELD.with(|h| h.replace(true))))
 }
 
 #[cold]

@@ -189,9 +189,12 @@ thread_local! {
 /// itself. No while this thread is inside the pager. The name is read once per thread
 /// (Rust names a thread before running its body, and the pager's threads are Rust's).
 pub fn thread_may_manage() -> bool {
-    if IN_PAGER.with(|d| d.get()) > 0 {
-        return false;
-    }
+    IN_PAGER.with(|d| d.get()) == 0 && !on_pager_thread()
+}
+
+/// Whether this thread is one of the pager's (named `tierswap-…`, not the main thread).
+/// System calls and a thread-local only: a signal handler may ask.
+pub fn on_pager_thread() -> bool {
     THREAD_KIND.with(|k| {
         let mut kind = k.get();
         if kind == KIND_UNKNOWN {
@@ -204,7 +207,7 @@ pub fn thread_may_manage() -> bool {
             kind = if !main_thread && ret == 0 && name.starts_with(b"tierswap-") { KIND_PAGER } else { KIND_PROGRAM };
             k.set(kind);
         }
-        kind == KIND_PROGRAM
+        kind == KIND_PAGER
     })
 }
 
