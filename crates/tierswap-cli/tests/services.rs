@@ -27,6 +27,14 @@ fn open_dir(name: &str) -> TestDir {
     dir
 }
 
+/// `tierswap run FLAGS -- PROG ARGS` with its swap file and sockets in `dir` (writable by
+/// uid 65534), to the end.
+fn run_in(dir: &TestDir, flags: &[&str], prog: &Path, args: &[&str]) -> common::Ran {
+    let mut cmd = tierswap_run(flags, prog, args);
+    cmd.env("TMPDIR", &dir.0);
+    run_to_end(cmd)
+}
+
 /// The stats files the tree wrote, by pid.
 fn stats_files(dir: &Path) -> Vec<serde_json::Value> {
     let mut all: Vec<_> = std::fs::read_dir(dir)
@@ -49,10 +57,8 @@ fn run_user_switches_and_stays_managed() {
     let dir = open_dir("user-switch");
     let prog = compile(&dir, "fork");
     let st = dir.path("stats-%p.json");
-    let mut cmd =
-        tierswap_run(&["--user", "65534:65534", "--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &[]);
-    cmd.env("TMPDIR", &dir.0);
-    let ran = run_to_end(cmd);
+    let ran =
+        run_in(&dir, &["--user", "65534:65534", "--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &[]);
     assert!(ran.status.success() && ran.stdout.contains("fork ok"), "{}", ran.describe());
     assert!(!ran.stderr.contains("not managing"), "managed: {}", ran.describe());
     let all = stats_files(&dir.0);
@@ -62,13 +68,12 @@ fn run_user_switches_and_stays_managed() {
     assert!(parent["counters"]["faults_swapped"].as_u64().unwrap() > 0, "pages went out and came back: {parent}");
 
     // What the program sees of itself.
-    let mut cmd = tierswap_run(
+    let ran = run_in(
+        &dir,
         &["--user", "65534:65534", "--budget", "8M"],
         Path::new("/bin/sh"),
         &["-c", "id -u; id -g; grep -E '^Cap(Eff|Amb)' /proc/self/status"],
     );
-    cmd.env("TMPDIR", &dir.0);
-    let ran = run_to_end(cmd);
     assert!(ran.status.success(), "{}", ran.describe());
     let lines: Vec<_> = ran.stdout.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
     // CAP_SYS_PTRACE is bit 19.
@@ -106,10 +111,7 @@ fn a_program_that_drops_root_itself_is_not_aborted() {
         status.to_str().unwrap(),
         "fill-and-check",
     ];
-    let mut cmd =
-        tierswap_run(&["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], Path::new("setpriv"), &args);
-    cmd.env("TMPDIR", &dir.0);
-    let ran = run_to_end(cmd);
+    let ran = run_in(&dir, &["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], Path::new("setpriv"), &args);
     assert!(ran.status.success() && ran.stdout.contains("status ok"), "{}", ran.describe());
     let all = stats_files(&dir.0);
     // setpriv's image execs rather than exits, so status (same pid, as 65534) writes the one file.
@@ -130,9 +132,7 @@ fn without_cap_sys_ptrace_it_says_how_to_keep_it() {
     let status = compile(&dir, "status");
     let args =
         ["--inh-caps", "-sys_ptrace", "--bounding-set", "-sys_ptrace", status.to_str().unwrap(), "fill-and-check"];
-    let mut cmd = tierswap_run(&["--budget", "8M"], Path::new("setpriv"), &args);
-    cmd.env("TMPDIR", &dir.0);
-    let ran = run_to_end(cmd);
+    let ran = run_in(&dir, &["--budget", "8M"], Path::new("setpriv"), &args);
     assert!(ran.status.success() && ran.stdout.contains("status ok"), "{}", ran.describe());
     assert_eq!(ran.stderr.lines().count(), 1, "one warning: {}", ran.describe());
     assert!(
@@ -155,9 +155,7 @@ fn workers_that_give_up_root_after_the_fork_are_managed() {
     let dir = open_dir("user-dropuid");
     let prog = compile(&dir, "dropuid");
     let st = dir.path("stats-%p.json");
-    let mut cmd = tierswap_run(&["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &["2"]);
-    cmd.env("TMPDIR", &dir.0);
-    let ran = run_to_end(cmd);
+    let ran = run_in(&dir, &["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &["2"]);
     assert!(ran.status.success() && ran.stdout.contains("dropuid ok"), "{}", ran.describe());
     // (A tree this small over its 8M for a moment may say so; an unmanaged worker may not.)
     assert!(!ran.stderr.contains("not managing"), "every worker managed: {}", ran.describe());
@@ -199,13 +197,12 @@ fn a_service_started_by_a_raw_switch_keeps_one_budget() {
     let launcher = compile(&dir, "rawswitch");
     let prog = compile(&dir, "fork");
     let st = dir.path("stats-%p.json");
-    let mut cmd = tierswap_run(
+    let ran = run_in(
+        &dir,
         &["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()],
         &launcher,
         &[prog.to_str().unwrap()],
     );
-    cmd.env("TMPDIR", &dir.0);
-    let ran = run_to_end(cmd);
     assert!(ran.status.success() && ran.stdout.contains("fork ok"), "{}", ran.describe());
     assert!(!ran.stderr.contains("cannot share"), "{}", ran.describe());
     let all = stats_files(&dir.0);
@@ -286,9 +283,7 @@ fn a_vfork_child_giving_up_root_leaves_its_parent_alone() {
     let dir = open_dir("user-vfork");
     let prog = compile(&dir, "vforkuid");
     let st = dir.path("stats-%p.json");
-    let mut cmd = tierswap_run(&["--log", "--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &[]);
-    cmd.env("TMPDIR", &dir.0);
-    let ran = run_to_end(cmd);
+    let ran = run_in(&dir, &["--log", "--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &[]);
     assert!(ran.status.success() && ran.stdout.contains("vforkuid ok"), "{}", ran.describe());
     assert!(ran.stdout.contains("65534") && ran.stdout.contains("child ok"), "{}", ran.describe());
     assert!(!ran.stderr.contains("cannot map"), "{}", ran.describe());
