@@ -158,6 +158,15 @@ fn pager() -> Option<&'static Pager> {
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
+/// Whether this process's footprint is at most half its budget: the shim's heap keeps freed
+/// large mappings for reuse only then ([`heap::free_large`]).
+pub(crate) fn well_under_budget() -> bool {
+    pager().is_some_and(|p| {
+        let (footprint, budget) = p.footprint_and_budget();
+        footprint <= budget / 2
+    })
+}
+
 /// Whether this thread's allocation of `n` bytes is managed, starting a waiting process's
 /// pager when this is its first need (see the crate comment), unless the start is held.
 #[inline]

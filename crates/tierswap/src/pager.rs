@@ -276,6 +276,13 @@ impl Pager {
         f
     }
 
+    /// The footprint and the budget it is held to now (a tree member's share), without
+    /// noting the footprint's peak: for a caller that asks often (the shim's heap, at each
+    /// large free).
+    pub fn footprint_and_budget(&self) -> (u64, u64) {
+        (self.shared.footprint_bytes(), self.shared.budget())
+    }
+
     /// Moves every page off `tier` without touching a pte (the virtual swap space's point:
     /// only the swap entries change), while the program keeps running; the tier then takes
     /// nothing new until [`Pager::resume`]. For the file tier ("swapoff"): each record goes

@@ -3,7 +3,9 @@
  * same sizes (every byte must read zero, whatever the memory held before), reallocs one
  * bigger (its bytes must follow), and checks every byte. A forked child does the same on
  * its own while the parent keeps its buffers. Under a budget of a few MiB the pages also go
- * out and come back. Usage: largereuse ROUNDS. Exit 0: every byte right. */
+ * out and come back. HOLD_MIB (0 by default) more MiB are filled first and held to the end,
+ * checked then: a program whose footprint is most of its budget.
+ * Usage: largereuse ROUNDS [HOLD_MIB]. Exit 0: every byte right. */
 #include "common.h"
 
 #include <sys/wait.h>
@@ -40,6 +42,9 @@ static int rounds_of(int rounds, uint64_t seed) {
 
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 50;
+    size_t hold_n = (argc > 2 ? (size_t)atoi(argv[2]) : 0) * MIB;
+    uint8_t *hold = hold_n ? xmalloc(hold_n) : NULL;
+    if (hold) fill(hold, hold_n, 77);
     size_t n = 6 * MIB;
     uint8_t *keep = xmalloc(n);
     fill(keep, n, 90);
@@ -57,6 +62,7 @@ int main(int argc, char **argv) {
     if (waitpid(pid, &st, 0) != pid) { perror("waitpid"); return 1; }
     bad += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
     bad += check("kept", keep, n, 90);
+    if (hold) bad += check("held", hold, hold_n, 77);
     printf("largereuse %s\n", bad ? "BAD" : "ok");
     return bad != 0;
 }
