@@ -324,6 +324,26 @@ fn large_allocations_freed_and_made_again_keep_their_bytes() {
     assert!(ran.status.success() && ran.stdout.contains("largereuse ok"), "{}", ran.describe());
 }
 
+/// Managed memory the program splits into several of the kernel's VMAs with advice that
+/// sets a VMA's flags (vmasplit.c: MADV_HUGEPAGE, MADV_RANDOM, MADV_SEQUENTIAL and
+/// MADV_DONTDUMP over ranges that start and end inside 64 KiB blocks, half of it taken back
+/// each round), 64 MiB under 8M: every byte right, nothing said, and moves over a VMA's end
+/// went a page at a time (UFFDIO_MOVE takes its range within one VMA: reclaim said "staging
+/// pages failed" thousands of times and left those pages resident).
+#[test]
+fn advice_that_splits_the_kernels_vmas_leaves_every_page_movable() {
+    let dir = TestDir::new("vmasplit");
+    let prog = compile(&dir, "vmasplit");
+    let st = dir.path("stats.json");
+    let ran =
+        run_to_end(tierswap_run(&["--budget", "8M", "--stats-on-exit", st.to_str().unwrap()], &prog, &["64", "3"]));
+    assert!(ran.status.success() && ran.stdout.contains("vmasplit ok"), "{}", ran.describe());
+    assert!(!ran.stderr.contains("tierswap:"), "nothing to say: {}", ran.stderr);
+    let s = stats(&st);
+    assert!(common::counter(&s, "move_split_vma") > 0, "moves met a VMA's end: {s}");
+    assert_swapped_both_ways(&s, 8 << 20);
+}
+
 /// Buffers glibc allocates for itself and hands to system calls (a stdout stream's buffer
 /// flushed at exit, a directory stream's getdents64 buffer, getline's reads through a FILE)
 /// keep working when every other page was evicted between their making and their use, in

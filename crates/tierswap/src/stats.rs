@@ -196,6 +196,11 @@ counters! {
     /// Pages reclaim left present because the program made them other than plain
     /// read-write (mprotect): UFFDIO_MOVE wants equal protections (mm/protect.rs).
     stage_skipped_protected,
+    /// Moves over several pages, staging (reclaim/stage.rs) or a staged fault's move back
+    /// (fault/staged.rs), that met the end of one of the kernel's VMAs (the program set
+    /// flags on part of its range with madvise: MADV_HUGEPAGE, MADV_RANDOM…); the rest of
+    /// each such run moved a page at a time.
+    move_split_vma,
     /// Pages a staging move refused as shared (EBUSY: present at a fork and only read since,
     /// the kernel keeps them marked shared) that reclaim then made the process's own again
     /// with a pinning read, once no child was left (reclaim/stage.rs, `unshare_busy`).

@@ -104,8 +104,10 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize, idx: usize) ->
     let mut i = from;
     let mut n = 0;
     let mut again = 0;
+    // Set once a move over several pages met the end of one of the kernel's VMAs (below).
+    let mut one_by_one = false;
     while i < to {
-        let len = (to - i) * PAGE_SIZE;
+        let len = if one_by_one { PAGE_SIZE } else { (to - i) * PAGE_SIZE };
         // SAFETY: the pages [i, to) are locked staged pages: their only copy is at the same
         // offset in the mirror, which only the pager touches, and the program's range there
         // is empty (the program faults on it). Moving them back is what the program expects.
@@ -176,6 +178,15 @@ fn move_back(s: &Shared, r: &RegionInner, from: usize, to: usize, idx: usize) ->
                 // the event handler, which frees or moves them.
                 unlock_unchanged(r, i, to);
                 stop = true;
+                0
+            }
+            Err(uffd::Error::Invalid { .. }) if !one_by_one && to - i > 1 => {
+                // UFFDIO_MOVE takes its range within one VMA, and the program split its
+                // range into several with advice that sets a VMA's flags (MADV_HUGEPAGE,
+                // MADV_RANDOM, MADV_DONTDUMP: numpy on its arrays), possibly after these
+                // pages were staged: the rest go one page at a time.
+                one_by_one = true;
+                s.counters.move_split_vma.fetch_add(1, Ordering::Relaxed);
                 0
             }
             Err(e) => fatal(&format!("moving a staged page back to {:#x} failed: {e}", r.page_addr(i))),

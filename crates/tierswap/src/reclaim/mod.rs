@@ -97,6 +97,8 @@ struct Reclaim {
     /// (`stage.rs`, `unshare_busy`); at most [`UNSHARE_BATCH`].
     busy: Vec<usize>,
     warned_window: bool,
+    /// A staging move failed in a way no rule here explains: said once.
+    warned_move: bool,
 }
 
 impl Drop for Reclaim {
@@ -226,6 +228,7 @@ impl Reclaim {
             busy: Vec::with_capacity(UNSHARE_BATCH),
             last_runs: [RunLog::default(); 2],
             warned_window: false,
+            warned_move: false,
         })
     }
 

@@ -356,6 +356,8 @@ impl Reclaim {
         let mut i = from;
         let mut staged = 0;
         let mut again = 0;
+        // Set once a move over several pages met the end of one of the kernel's VMAs.
+        let mut one_by_one = false;
         let k = r.clean_tracking as usize;
         let before = self.last_runs[k];
         self.last_runs[k].start(r.id);
@@ -373,6 +375,7 @@ impl Reclaim {
                 Some(p) => p,
                 None => to,
             };
+            let to = if one_by_one { i + 1 } else { to };
             let len = (to - i) * PAGE_SIZE;
             // SAFETY: pages [i, to) are locked present pages of the program's range and the
             // window is empty; guarded, the range is still the region's. Moving them out is
@@ -390,7 +393,7 @@ impl Reclaim {
             self.last_runs[k].push(i, to - i, taken, outcome(&res));
             let (done, skip) = match res {
                 Ok(bytes) => (bytes / PAGE_SIZE, None),
-                Err(e) => match self.after_move_error(r, (i, to), taken, e, &mut again) {
+                Err(e) => match self.after_move_error(r, (i, to), taken, e, (&mut again, &mut one_by_one)) {
                     AfterMove::Go { done, skip } => (done, skip),
                     AfterMove::SetAside { ours } => {
                         self.set_aside(r, window, (i, to), ours, &before, span_start, per_block);
@@ -419,14 +422,15 @@ impl Reclaim {
     /// What the error `e` of a move of `[i, to)` that took `taken` pages into the window
     /// leaves to do: how many pages count as moved and whether the page after them is
     /// skipped (left present, or None where the program dropped it), or that the window
-    /// held a foreign page. `again` counts EAGAINs without progress.
+    /// held a foreign page. `again` counts EAGAINs without progress; `one_by_one` is set
+    /// when the rest of the run is to be moved a page at a time.
     fn after_move_error(
         &mut self,
         r: &RegionInner,
         (i, to): (usize, usize),
         taken: usize,
         e: uffd::Error,
-        again: &mut u32,
+        (again, one_by_one): (&mut u32, &mut bool),
     ) -> AfterMove {
         // EEXIST: the window was not empty, so `taken` is the count, not checked against
         // the window (see stage_run).
@@ -464,8 +468,24 @@ impl Reclaim {
                 self.s.counters.stage_skipped_protected.fetch_add(1, Ordering::Relaxed);
                 Some(PteState::Present)
             }
+            // UFFDIO_MOVE takes its range within one VMA, and the program split its range
+            // into several with advice that sets a VMA's flags (MADV_HUGEPAGE, MADV_RANDOM,
+            // MADV_DONTDUMP: numpy on its arrays): the rest of the run goes one page at a
+            // time (a run is a span at most, and each page moved costs its own TLB flush
+            // on this kernel anyway).
+            uffd::Error::Invalid { .. } if taken == 0 && to - at > 1 => {
+                *one_by_one = true;
+                self.s.counters.move_split_vma.fetch_add(1, Ordering::Relaxed);
+                None
+            }
             e => {
-                eprintln!("tierswap: staging pages at {:#x} failed: {e}", r.page_addr(at));
+                if !self.warned_move {
+                    self.warned_move = true;
+                    eprintln!(
+                        "tierswap: staging pages at {:#x} failed: {e} (said once; such pages stay in memory)",
+                        r.page_addr(at)
+                    );
+                }
                 Some(PteState::Present)
             }
         };
