@@ -324,6 +324,27 @@ fn large_allocations_freed_and_made_again_keep_their_bytes() {
     assert!(ran.status.success() && ran.stdout.contains("largereuse ok"), "{}", ran.describe());
 }
 
+/// A library opened with RTLD_DEEPBIND (deepbind.c, as PHP opens its extensions) frees and
+/// reallocates blocks the program allocated and the other way round, every byte checked:
+/// with the flag the library's free would be glibc's while the program's malloc is the
+/// shim's (PHP aborted at start, "double free or corruption"), so the shim's dlopen drops
+/// it. The library is found by its bare name through the program's RUNPATH ($ORIGIN/sub):
+/// dlopen still searches by its caller's, not by the shim's.
+#[test]
+fn a_library_opened_with_deepbind_shares_the_programs_malloc() {
+    let dir = TestDir::new("deepbind");
+    let lib = common::compile_library(&dir, "deepbindlib");
+    std::fs::create_dir_all(dir.path("sub")).unwrap();
+    std::fs::rename(&lib, dir.path("sub/deepbindlib.so")).unwrap();
+    let prog = common::compile_with(&dir, "deepbind", &["-Wl,-rpath,$ORIGIN/sub", "-Wl,--enable-new-dtags"]);
+    let native = Command::new(&prog).output().unwrap();
+    assert!(native.status.success(), "natively: {}", String::from_utf8_lossy(&native.stderr));
+    for malloc in ["all", "off"] {
+        let ran = run_to_end(tierswap_run(&["--budget", "64M", "--malloc", malloc], &prog, &[]));
+        assert!(ran.status.success() && ran.stdout.contains("deepbind ok"), "--malloc {malloc}: {}", ran.describe());
+    }
+}
+
 /// Managed memory the program splits into several of the kernel's VMAs with advice that
 /// sets a VMA's flags (vmasplit.c: MADV_HUGEPAGE, MADV_RANDOM, MADV_SEQUENTIAL and
 /// MADV_DONTDUMP over ranges that start and end inside 64 KiB blocks, half of it taken back

@@ -2,7 +2,7 @@
 //! Each decides "managed or not" and otherwise does exactly what libc would (raw syscalls
 //! for the mmap family, glibc's `__libc_*` allocator for malloc).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use libc::{c_int, c_void, off_t, size_t};
 
@@ -185,6 +185,81 @@ pub extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_in
     }
     // SAFETY: the program's own madvise call (or its MADV_FREE made certain).
     raw::syscall_result(unsafe { raw::madvise(addr as usize, len, advice) } as isize) as c_int
+}
+
+// ---- dlopen: no RTLD_DEEPBIND while the malloc family is ours --------------------------
+
+/// The flags bits dlopen passes on: all but RTLD_DEEPBIND while the malloc family is ours
+/// (set at start, [`keep_deepbind`]). A library opened with RTLD_DEEPBIND looks its symbols
+/// up in its own dependencies first, so its `free` is glibc's while the program's `malloc`
+/// is ours: PHP opens its extensions so, and aborted at start ("double free or corruption"
+/// in pdo.so's free of a block the PHP binary had allocated). Without the flag the library
+/// binds as any other, to the global scope, the shim first; what it loses is only the
+/// precedence of its own dependencies' symbols over the program's, which the sanitizers
+/// refuse to keep for the same reason.
+static DLOPEN_FLAGS_MASK: AtomicU32 = AtomicU32::new(!(libc::RTLD_DEEPBIND as u32));
+/// The next dlopen in the search order (glibc's), found at start; 0 before.
+static NEXT_DLOPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Finds the next dlopen (the shim's constructor).
+pub(crate) fn find_next_dlopen() {
+    // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT skips this library's own.
+    let f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"dlopen".as_ptr()) };
+    NEXT_DLOPEN.store(f as usize, Ordering::Release);
+}
+
+/// Lets RTLD_DEEPBIND through (the malloc family is glibc's: `TIERSWAP_MALLOC=off`).
+pub(crate) fn keep_deepbind() {
+    DLOPEN_FLAGS_MASK.store(!0, Ordering::Relaxed);
+}
+
+// dlopen(3) searches the library by the RPATH / RUNPATH of the object that called it,
+// which it finds by its return address: a wrapper calling the next dlopen would make that
+// this library. So the entry is a naked trampoline that masks the flags and tail-jumps to
+// the next dlopen with the stack as the caller left it. Before that is found (a
+// constructor running before ours), a plain call does, from here.
+
+/// dlopen(3): see [`DLOPEN_FLAGS_MASK`].
+#[cfg(target_arch = "x86_64")]
+#[no_mangle]
+// SAFETY: the trampoline changes only the flags argument (esi) and rax, a scratch register
+// in the C calling convention, and tail-jumps with the stack untouched to the next dlopen,
+// which takes the same arguments; without one it jumps to `dlopen_early`, which does too.
+#[unsafe(naked)]
+pub extern "C" fn dlopen(file: *const libc::c_char, flags: c_int) -> *mut c_void {
+    core::arch::naked_asm!(
+        "mov rax, qword ptr [rip + {next}]",
+        "test rax, rax",
+        "jz {early}",
+        "and esi, dword ptr [rip + {mask}]",
+        "jmp rax",
+        next = sym NEXT_DLOPEN,
+        mask = sym DLOPEN_FLAGS_MASK,
+        early = sym dlopen_early,
+    )
+}
+
+/// dlopen(3) elsewhere: the library is searched for by the shim's own RPATH (it has none),
+/// then the usual paths.
+#[cfg(not(target_arch = "x86_64"))]
+#[no_mangle]
+pub extern "C" fn dlopen(file: *const libc::c_char, flags: c_int) -> *mut c_void {
+    dlopen_early(file, flags)
+}
+
+/// dlopen before the next one is known (or where no trampoline is written): finds it and
+/// calls it with the flags masked.
+extern "C" fn dlopen_early(file: *const libc::c_char, flags: c_int) -> *mut c_void {
+    if NEXT_DLOPEN.load(Ordering::Acquire) == 0 {
+        find_next_dlopen();
+    }
+    let next = NEXT_DLOPEN.load(Ordering::Acquire);
+    if next == 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: `next` is the address dlsym gave for "dlopen", whose type this is.
+    let next: extern "C" fn(*const libc::c_char, c_int) -> *mut c_void = unsafe { std::mem::transmute(next) };
+    next(file, flags & DLOPEN_FLAGS_MASK.load(Ordering::Relaxed) as c_int)
 }
 
 // ---- opens: the budget as the memory cgroup's limit (see crate::cgroup) ----------------

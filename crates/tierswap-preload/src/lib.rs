@@ -542,6 +542,9 @@ fn config_from_env() -> Result<(PagerConfig, Settings), String> {
         Some(other) => return Err(format!("TIERSWAP_MALLOC={other}: use all, large or off")),
     };
     MALLOC_MODE.store(mode, Ordering::Relaxed);
+    if mode == MALLOC_OFF {
+        interpose::keep_deepbind();
+    }
     REALLOC_MREMAP.store(u8::from(var("TIERSWAP_REALLOC_MREMAP").as_deref() == Some("1")), Ordering::Relaxed);
     let cgroup_limit = match var("TIERSWAP_CGROUP_LIMIT").as_deref().map(str::trim) {
         None | Some("1") => true,
@@ -567,6 +570,8 @@ extern "C" fn init() {
     find_libc_usable_size();
     #[cfg(not(test))]
     interpose::find_next_opens();
+    #[cfg(not(test))]
+    interpose::find_next_dlopen();
     creds::find_next_setuids();
     PROCESS_PID.store(std::process::id() as usize, Ordering::Relaxed);
     signals::find_libc_signals();

@@ -79,6 +79,12 @@ pub fn compile(dir: &TestDir, name: &str) -> PathBuf {
     cc(name, dir.path(name), &["-pthread"])
 }
 
+/// Compiles tests/c/NAME.c of the preload crate into a program NAME in `dir`, with more
+/// compiler and linker flags.
+pub fn compile_with(dir: &TestDir, name: &str, flags: &[&str]) -> PathBuf {
+    cc(name, dir.path(name), flags)
+}
+
 /// Compiles tests/c/NAME.c of the preload crate into a shared library NAME.so in `dir`.
 pub fn compile_library(dir: &TestDir, name: &str) -> PathBuf {
     cc(name, dir.path(&format!("{name}.so")), &["-shared", "-fPIC", "-ldl"])
