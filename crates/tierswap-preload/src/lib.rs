@@ -542,6 +542,7 @@ fn config_from_env() -> Result<(PagerConfig, Settings), String> {
         Some(other) => return Err(format!("TIERSWAP_MALLOC={other}: use all, large or off")),
     };
     MALLOC_MODE.store(mode, Ordering::Relaxed);
+    #[cfg(not(test))]
     if mode == MALLOC_OFF {
         interpose::keep_deepbind();
     }
