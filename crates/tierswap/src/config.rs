@@ -531,10 +531,10 @@ pub struct PagerConfig {
     /// `tierswap run`'s heap keeps large mappings the program freed (up to a 32nd of the
     /// budget, 32 MiB at most) for its next large allocations instead of unmapping each,
     /// while the footprint is at most half the budget: a Python JSON round trip under a
-    /// budget it fits 9.6–10.9 s → 8.4–10.5 s; kept under pressure too, the kept pages cost the working
-    /// set room (programs lab, medians of 3: python-dict 0.88 / 0.76), which the half-budget
-    /// rule avoids (docs/design.md, "Large allocations kept for reuse"). Read by the shim
-    /// only. Lab variant `[no-]keep-freed`.
+    /// budget it fits 9.6–10.9 s → 8.4–10.5 s. Kept under pressure too, the kept pages cost
+    /// the working set room (programs lab, medians of 3: python-dict 0.88 / 0.76), which the
+    /// half-budget rule avoids (docs/design.md, "Large allocations kept for reuse"). Read by
+    /// the shim only. Lab variant `[no-]keep-freed`.
     pub keep_freed_large: bool,
     /// Reclaim evicts on to its low watermark (1/12 under the budget) only while faults wait
     /// for room: when none did during its last batch it stops at the high watermark (1/32

@@ -1133,12 +1133,13 @@ impl FileTier {
 
     /// Frees a record. A unit left with no live record goes on the free set, where the next
     /// unit written takes the lowest; the file is cut short only when that unit was its
-    /// tail. Dead units in the middle keep their blocks: punching them out (FALLOC_FL_PUNCH_HOLE)
-    /// cost a discard each on a filesystem mounted with `discard`, as this project's machine
-    /// is, in the thread freeing the record (a fault thread when a page comes back) and
-    /// under the units' lock: a Python program swapping 1.2 GB of incompressible bytes in and
-    /// out under 256M took 33–37 s with them and 24–25 s without. The file's size then
-    /// follows its peak of units in use, as a swap file's does.
+    /// tail. Dead units in the middle keep their blocks: punching them out
+    /// (FALLOC_FL_PUNCH_HOLE) cost a discard each on a filesystem mounted with `discard`, as
+    /// this project's machine is, in the thread freeing the record (a fault thread when a
+    /// page comes back) and under the units' lock: a Python program swapping 1.2 GB of
+    /// incompressible bytes in and out under 256M took 33–38 s with them and 24–26 s
+    /// without (docs/lab/no-punch/). The file's size then follows its peak of units in use,
+    /// as a swap file's does.
     pub fn free(&self, offset: u64, len: usize) {
         let rec = record_bytes(len) as u32;
         let unit = (offset / self.unit_bytes as u64) as usize;
@@ -1253,7 +1254,6 @@ pub fn measure_record_cost(payload_bytes: usize, records: usize) -> io::Result<R
     let (aead_seal_us, aead_open_us) = time(&Sealer::new(true)?).map_err(io::Error::other)?;
     Ok(RecordCost { payload_bytes: len, crc_seal_us, crc_open_us, aead_seal_us, aead_open_us })
 }
-
 
 fn open_unlinked(dir: &Path) -> io::Result<(File, bool)> {
     let try_open = |extra: i32| -> io::Result<File> {
