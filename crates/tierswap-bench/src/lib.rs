@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub mod command;
 pub mod floor;
 pub mod kernel;
 pub mod lab;

@@ -235,6 +235,12 @@ enum BenchWhat {
     /// v1 does not charge it), the client's headroom, and tierswap's counters per request.
     /// The kernel engines need root; every setting they touch is put back at the end.
     Programs(ProgramsArgs),
+    /// Any program run to its end under each engine at one budget, engines alternating round
+    /// by round: its wall time (median, and ÷ the kernel's), whether its standard output came
+    /// out the same (SHA-256), its swap-ins and peak memory. `tierswap bench command
+    /// --budget 512M -- sort -S 1G big.txt`. The kernel engines need root; every setting they
+    /// touch is put back at the end.
+    Command(CommandArgs),
     /// Bytes of metadata per swapped page, ours and the kernel's.
     Metadata {
         /// Bytes to swap out.
@@ -282,6 +288,63 @@ struct ProgramsArgs {
     /// Write one PNG per program (throughput and p99 per engine) into this directory.
     #[arg(long)]
     plot: Option<PathBuf>,
+}
+
+/// `tierswap bench command` flags.
+#[derive(Args)]
+struct CommandArgs {
+    /// The budget: tierswap run --budget, and the memcg limit of the kernel engines.
+    #[arg(long, default_value = "256M")]
+    budget: String,
+    /// Engines, comma-separated, as `tierswap bench programs --engine`: tierswap, kernel-disk,
+    /// kernel-zswap, kernel-zram, unconstrained, tierswap:SETTING[:SETTING…].
+    #[arg(long, default_value = "tierswap,kernel-disk")]
+    engine: String,
+    /// Rounds of every engine (the table shows medians; the order reverses every round).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Seconds a run may take before it is killed and counted as failed.
+    #[arg(long, default_value_t = 3600)]
+    timeout: u64,
+    /// Directory for swap files, tierswap's swap file and logs (a disk filesystem).
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// Write every run (wall time, output digest, counters, peak) as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// The program and its arguments (after --); its standard input is empty.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROG ARGS", required = true)]
+    command: Vec<std::ffi::OsString>,
+}
+
+fn bench_command(a: &CommandArgs, progress: bool) -> Result<ExitCode, UserError> {
+    use tierswap_bench::command;
+    if a.runs == 0 || a.timeout == 0 {
+        return Err(UserError("--runs and --timeout must be more than 0".into()));
+    }
+    let exe = std::env::current_exe().map_err(|e| UserError(format!("cannot find this program: {e}")))?;
+    let spec = command::CommandSpec {
+        argv: a.command.clone(),
+        engines: tierswap_bench::programs::launch::parse_engines(&a.engine)
+            .map_err(|e| UserError(format!("--engine: {e}")))?,
+        budget_bytes: size("--budget", &a.budget)?,
+        runs: a.runs,
+        dir: a.dir.clone(),
+        tierswap_bin: exe,
+        timeout: std::time::Duration::from_secs(a.timeout),
+    };
+    lab::install_interrupt_handler();
+    let runs = command::run(&spec, &mut |line| {
+        if progress {
+            eprintln!("{line}");
+        }
+    })?;
+    print!("{}", command::table(&spec, &runs));
+    if let Some(path) = &a.json {
+        let text = serde_json::to_string_pretty(&runs)?;
+        std::fs::write(path, text).map_err(|e| UserError(format!("cannot write {}: {e}", path.display())))?;
+    }
+    Ok(if command::any_bad(&runs) { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
 fn bench_programs(a: &ProgramsArgs, progress: bool) -> Result<ExitCode, UserError> {
@@ -428,6 +491,7 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
             return Ok(if bad { ExitCode::FAILURE } else { ExitCode::SUCCESS });
         }
         Some(BenchWhat::Programs(a)) => return bench_programs(a, progress),
+        Some(BenchWhat::Command(a)) => return bench_command(a, progress),
         Some(BenchWhat::Metadata { swapped }) => {
             let bytes = size("--swapped", swapped)?;
             if bytes == 0 {

@@ -540,7 +540,7 @@ mod tests {
             if x.is_multiple_of(2) {
                 let m = (step << 32, len);
                 // Now and then no room at all: everything kept is handed back.
-                let limit = if x % 97 == 0 { 0 } else { CACHE_BYTES };
+                let limit = if x.is_multiple_of(97) { 0 } else { CACHE_BYTES };
                 let k = c.put(m, limit, &mut out);
                 if limit == 0 {
                     assert_eq!(k, kept.len() + 1, "no room: every kept mapping and the new one");
