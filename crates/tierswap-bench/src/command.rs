@@ -73,19 +73,8 @@ pub fn run(spec: &CommandSpec, say: &mut dyn FnMut(&str)) -> Result<Vec<CommandR
     if spec.argv.is_empty() {
         return Err("no command: give it after --, as in tierswap bench command -- sort big.txt".into());
     }
+    launch::check_engines(&spec.engines, &spec.tierswap_bin)?;
     let kernel = spec.engines.iter().any(ProgramEngine::is_kernel);
-    if kernel {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("the kernel engines need root (they configure swap, zswap and a memory cgroup): run as root, or give --engine tierswap,unconstrained".into());
-        }
-        if system::memcg().is_none() {
-            return Err("the kernel engines need a cgroup memory controller (v1 at /sys/fs/cgroup/memory or v2)".into());
-        }
-    }
-    if spec.engines.iter().any(|e| matches!(e, ProgramEngine::Tierswap { .. })) && !spec.tierswap_bin.exists() {
-        return Err(format!("no tierswap binary at {}", spec.tierswap_bin.display()));
-    }
     if !spec.dir.is_dir() {
         return Err(format!("--dir {}: not a directory", spec.dir.display()));
     }
@@ -138,7 +127,7 @@ fn one_run(
         stats_path: &stats_path,
         name: &format!("command-{round}"),
     };
-    let vm_before = system::read("/proc/vmstat").unwrap_or_default();
+    let vm_before = crate::vmstat::read_vmstat();
     let t0 = Instant::now();
     match launch::start(engine, &spec.argv, true, &log, &ctx, sys) {
         Ok(mut running) => {
@@ -166,13 +155,14 @@ fn one_run(
                 hwm.max(hwm_seen).max(peaks.rss_bytes)
             };
             if let Some(cg) = &running.cgroup {
+                // The memcg's major faults; the pages read in over the run, machine-wide (one
+                // program runs at a time).
                 let mut c = system::kernel_swapin_counters(cg);
-                let vm_after = system::read("/proc/vmstat").unwrap_or_default();
+                let vm = crate::vmstat::vmstat_delta(&vm_before, &crate::vmstat::read_vmstat());
                 for name in ["pswpin", "zswpin"] {
-                    let (a, b) = (vmstat_field(&vm_before, name), vmstat_field(&vm_after, name));
-                    match (a, b) {
-                        (Some(a), Some(b)) => c.insert(name.to_string(), b.saturating_sub(a)),
-                        _ => c.remove(name),
+                    match vm.get(name) {
+                        Some(&v) => c.insert(name.to_string(), v),
+                        None => c.remove(name),
                     };
                 }
                 r.counters = c;
@@ -264,13 +254,6 @@ fn read_tierswap_stats(path: &Path, r: &mut CommandRun) {
     if let Some(fp) = v.pointer("/counters/footprint_max").and_then(|x| x.as_u64()) {
         r.peak_bytes = fp;
     }
-}
-
-fn vmstat_field(text: &str, name: &str) -> Option<u64> {
-    text.lines().find_map(|l| {
-        let (k, v) = l.split_once(' ')?;
-        (k == name).then(|| v.trim().parse().ok()).flatten()
-    })
 }
 
 /// The last lines of the program's standard error, for a failed run.

@@ -129,6 +129,24 @@ pub fn proc_status_bytes(pid: u32, field: &str) -> u64 {
         .map_or(0, |kib: u64| kib * 1024)
 }
 
+/// Whether `engines` can run here: root and a memory controller for the kernel engines, the
+/// tierswap binary for tierswap's.
+pub fn check_engines(engines: &[ProgramEngine], tierswap_bin: &Path) -> Result<(), String> {
+    if engines.iter().any(ProgramEngine::is_kernel) {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("the kernel engines need root (they configure swap, zswap and a memory cgroup): run as root, or give --engine tierswap,unconstrained".into());
+        }
+        if system::memcg().is_none() {
+            return Err("the kernel engines need a cgroup memory controller (v1 at /sys/fs/cgroup/memory or v2)".into());
+        }
+    }
+    if engines.iter().any(|e| matches!(e, ProgramEngine::Tierswap { .. })) && !tierswap_bin.exists() {
+        return Err(format!("no tierswap binary at {}", tierswap_bin.display()));
+    }
+    Ok(())
+}
+
 /// What an error says when the kernel OOM-killed the program inside its memcg.
 pub const OOM_NOTE: &str = " (the kernel OOM-killed the program in its memcg)";
 

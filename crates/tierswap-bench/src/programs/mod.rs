@@ -637,19 +637,8 @@ impl Lab<'_> {
 pub fn run(spec: &ProgramsSpec) -> Result<Outcome, String> {
     check_tools(&spec.programs)?;
     let t0 = Instant::now();
+    launch::check_engines(&spec.engines, &spec.tierswap_bin)?;
     let kernel = spec.engines.iter().any(ProgramEngine::is_kernel);
-    if kernel {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("the kernel engines need root (they configure swap, zswap and a memory cgroup): run as root, or give --engine tierswap,unconstrained".into());
-        }
-        if crate::kernel::system::memcg().is_none() {
-            return Err("the kernel engines need a cgroup memory controller (v1 at /sys/fs/cgroup/memory or v2)".into());
-        }
-    }
-    if spec.engines.iter().any(|e| matches!(e, ProgramEngine::Tierswap { .. })) && !spec.tierswap_bin.exists() {
-        return Err(format!("no tierswap binary at {}", spec.tierswap_bin.display()));
-    }
     if spec.keys > u32::MAX as u64 {
         return Err(format!("{} keys do not fit the lab's 32-bit key numbers: give a smaller --dataset", spec.keys));
     }
