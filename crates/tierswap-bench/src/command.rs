@@ -22,7 +22,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::kernel::system::{self, System, PREFIX};
-use crate::programs::launch::{self, LaunchContext, ProgramEngine};
+use crate::programs::launch::{self, log_tail, LaunchContext, ProgramEngine};
 use crate::programs::report::median;
 
 /// What to run, how often and under what.
@@ -155,17 +155,7 @@ fn one_run(
                 hwm.max(hwm_seen).max(peaks.rss_bytes)
             };
             if let Some(cg) = &running.cgroup {
-                // The memcg's major faults; the pages read in over the run, machine-wide (one
-                // program runs at a time).
-                let mut c = system::kernel_swapin_counters(cg);
-                let vm = crate::vmstat::vmstat_delta(&vm_before, &crate::vmstat::read_vmstat());
-                for name in ["pswpin", "zswpin"] {
-                    match vm.get(name) {
-                        Some(&v) => c.insert(name.to_string(), v),
-                        None => c.remove(name),
-                    };
-                }
-                r.counters = c;
+                r.counters = kernel_counters(cg, &vm_before);
             }
             drop(running);
             if matches!(engine, ProgramEngine::Tierswap { .. }) {
@@ -183,13 +173,29 @@ fn one_run(
     r
 }
 
+/// A kernel engine's counters for the run: its memcg's major faults, and the pages read in
+/// since `vm_before`, machine-wide (one program runs at a time).
+fn kernel_counters(cg: &Path, vm_before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    let mut c = system::kernel_swapin_counters(cg);
+    let vm = crate::vmstat::vmstat_delta(vm_before, &crate::vmstat::read_vmstat());
+    for name in ["pswpin", "zswpin"] {
+        match vm.get(name) {
+            Some(&v) => c.insert(name.to_string(), v),
+            None => c.remove(name),
+        };
+    }
+    c
+}
+
 /// The kernel engines' swap file: 16 GiB (room for a program many times its budget), or
 /// half the free space of `dir` where that is less, and at least 4 × the budget.
 fn swap_room(dir: &Path, budget: u64) -> u64 {
     let free = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok().and_then(|c| {
-        // SAFETY: statvfs writes into the zeroed struct it is given; `c` is a valid C string.
+        // SAFETY: statvfs is plain integers, for which all zeros is a valid value.
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+        // SAFETY: `c` is a NUL-terminated path and `st` a statvfs the call may write.
+        let ok = unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0;
+        ok.then(|| st.f_bavail as u64 * st.f_frsize as u64)
     });
     (16u64 << 30).min(free.map_or(u64::MAX, |f| f / 2)).max(4 * budget)
 }
@@ -254,16 +260,6 @@ fn read_tierswap_stats(path: &Path, r: &mut CommandRun) {
     if let Some(fp) = v.pointer("/counters/footprint_max").and_then(|x| x.as_u64()) {
         r.peak_bytes = fp;
     }
-}
-
-/// The last lines of the program's standard error, for a failed run.
-fn log_tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    if lines.is_empty() {
-        return String::new();
-    }
-    format!("; its stderr ends: {}", lines[lines.len().saturating_sub(3)..].join(" | "))
 }
 
 /// One line per finished run, for the log.

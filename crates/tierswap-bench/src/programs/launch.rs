@@ -147,6 +147,18 @@ pub fn check_engines(engines: &[ProgramEngine], tierswap_bin: &Path) -> Result<(
     Ok(())
 }
 
+/// The last few lines of a program's stderr log, for an error message ("" when empty).
+pub fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
+    if tail.is_empty() {
+        String::new()
+    } else {
+        format!("; its stderr ends: {tail}")
+    }
+}
+
 /// What an error says when the kernel OOM-killed the program inside its memcg.
 pub const OOM_NOTE: &str = " (the kernel OOM-killed the program in its memcg)";
 

@@ -21,7 +21,7 @@ pub mod report;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -30,7 +30,7 @@ use crate::kernel::system::{self, System, PREFIX};
 use client::{Conn, PhaseOutcome, PhaseSpec, Versions};
 use conns::{MemcachedConn, PipeConn, RespConn};
 use keys::{Distribution, KeyChooser};
-use launch::{LaunchContext, ProgramEngine, Running};
+use launch::{log_tail, LaunchContext, ProgramEngine, Running};
 
 /// A program the lab runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -324,18 +324,6 @@ fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTree
         .map(|(k, v)| (k.clone(), v.saturating_sub(before.get(k).copied().unwrap_or(0))))
         .filter(|(_, v)| *v > 0)
         .collect()
-}
-
-/// The last few lines of a log, for an error message.
-fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
-    if tail.is_empty() {
-        String::new()
-    } else {
-        format!("; its stderr ends: {tail}")
-    }
 }
 
 impl Lab<'_> {
