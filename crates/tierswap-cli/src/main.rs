@@ -185,11 +185,15 @@ struct Bench {
 
 #[derive(Subcommand)]
 enum BenchWhat {
-    /// memcpy and compression speed of the lab's pages on one core.
+    /// memcpy and compression speed and ratio of the lab's pages, or a file's, on one core.
     Floor {
         /// Bytes of pages to measure on.
         #[arg(long, default_value = "256M")]
         size: String,
+        /// Measure the pages of this file instead (a heap dump, a program's input): up to
+        /// --size of them, taken evenly across it, all-zero pages left out.
+        #[arg(long, value_name = "FILE")]
+        data: Option<PathBuf>,
     },
     /// Put back the swap, zswap, zram and cgroup settings a killed lab left behind.
     Restore,
@@ -457,10 +461,26 @@ fn one_line(msg: &str) -> String {
 fn bench(b: Bench) -> Result<ExitCode, UserError> {
     let progress = !b.quiet;
     match &b.what {
-        Some(BenchWhat::Floor { size: s }) => {
+        Some(BenchWhat::Floor { size: s, data }) => {
             let bytes = size("--size", s)? as usize;
-            let rows = tierswap_bench::floor::measure(bytes);
-            print!("{}", tierswap_bench::floor::table(&rows, bytes));
+            let (src, what) = match data {
+                None => {
+                    (tierswap_bench::floor::counter_pages(bytes), "counter-filled pages (the lab's data)".to_string())
+                }
+                Some(path) => {
+                    let all = std::fs::read(path)
+                        .map_err(|e| UserError(format!("--data {}: cannot read it: {e}", path.display())))?;
+                    let src = tierswap_bench::floor::file_pages(&all, bytes).ok_or_else(|| {
+                        UserError(format!(
+                            "--data {}: no page of it has a non-zero byte (or it is under 4 KiB)",
+                            path.display()
+                        ))
+                    })?;
+                    (src, format!("the pages of {}", path.display()))
+                }
+            };
+            let rows = tierswap_bench::floor::measure(&src);
+            print!("{}", tierswap_bench::floor::table(&rows, src.len(), &what));
             return Ok(ExitCode::SUCCESS);
         }
         Some(BenchWhat::Redis { keys, value_size, budget, setups, runs, get_requests, no_bgsave, dir, json }) => {

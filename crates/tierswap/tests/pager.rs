@@ -421,6 +421,58 @@ fn pool_only_keeps_incompressible_pages_raw_and_counts_them() {
     }
 }
 
+/// A page of lowercase words (2 to 9 letters, spaces between) for `seed`: text a fast zstd
+/// level leaves raw.
+fn words_page(page: &mut [u8], seed: u64) {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut i = 0;
+    while i < page.len() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let word = 2 + (x % 8) as usize;
+        for k in 0..word.min(page.len() - i) {
+            page[i + k] = b'a' + ((x >> (8 + 5 * k)) % 26) as u8;
+        }
+        i += word;
+        if i < page.len() {
+            page[i] = b' ';
+            i += 1;
+        }
+    }
+}
+
+#[test]
+fn text_goes_to_the_pool_compressed_with_the_literal_retry() {
+    let n = 256;
+    for retry in [false, true] {
+        let p = start(PagerConfig { literal_retry: retry, ..config(8 << 20, "zero,pool", FaultMode::Thread, 2) });
+        let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+        let mem = r.as_mut_slice();
+        for pg in 0..n {
+            words_page(&mut mem[pg * PAGE..(pg + 1) * PAGE], pg as u64);
+        }
+        p.evict_all();
+        assert_eq!(r.page_states(), (0, 0, n), "every page evicted");
+        let st = p.stats();
+        if retry {
+            assert_eq!(st.counters.pool_reject_incompressible, 0);
+            assert_eq!(st.counters.zswpout, n as u64);
+            assert!(st.pool_stored_bytes < (n * PAGE * 70 / 100) as u64, "{} bytes stored", st.pool_stored_bytes);
+        } else {
+            assert_eq!(st.counters.pool_reject_incompressible, n as u64);
+            assert_eq!(st.counters.pool_stored_raw, n as u64);
+        }
+        let mem = r.as_slice();
+        let mut expect = vec![0u8; PAGE];
+        for pg in 0..n {
+            words_page(&mut expect, pg as u64);
+            assert_eq!(&mem[pg * PAGE..(pg + 1) * PAGE], &expect[..], "page {pg}, retry {retry}");
+        }
+        assert_eq!(p.stats().counters.zswpin, n as u64, "every page read back from the pool");
+    }
+}
+
 #[test]
 fn first_touch_reads_zero_and_bad_sizes_are_refused() {
     let p = pager(8 << 20, "zero,pool", FaultMode::Thread, 2);

@@ -8,7 +8,7 @@ use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 
 use super::{Reclaim, LANE, RELEASE_RANGES};
-use crate::backend::compress::{compress, INCOMPRESSIBLE_LIMIT};
+use crate::backend::compress::{compress_page, INCOMPRESSIBLE_LIMIT};
 use crate::backend::zero::same_filled_pattern;
 use crate::mm::RegionInner;
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
@@ -333,7 +333,7 @@ impl Reclaim {
             }
         }
         let limit = if tiers.pool { INCOMPRESSIBLE_LIMIT } else { PAGE_SIZE - 64 };
-        let clen = compress(s.config.compressor, page, &mut self.compressed, limit);
+        let clen = compress_page(s.config.compressor, s.config.literal_retry, page, &mut self.compressed, limit);
         match clen {
             Some(len) if tiers.pool => match s.tiers.pool.store(&self.compressed[..len]) {
                 Ok(h) => {
