@@ -1,6 +1,8 @@
 //! `tierswap bench command` at smoke size, so the lab cannot rot: a Python program building
-//! 32 MiB of objects and printing their digest, under `tierswap run` and the kernel's disk
-//! swap with 8 MiB, and unconstrained, one run each. Every run finishes with the same
+//! 64 MiB of objects and printing their digest, under `tierswap run` and the kernel's disk
+//! swap with 16 MiB, and unconstrained, one run each (at 8 MiB, half of it python3's own start,
+//! the kernel's memcg OOM-killed the program now and then on a machine busy with the other
+//! tests). Every run finishes with the same
 //! output, pages went out and came back under both constrained engines, tierswap stays
 //! within its budget, and the machine's swap settings are as they were. A program whose
 //! output changes from run to run is flagged, and the lab exits 1. Needs root (CI runs as
@@ -13,13 +15,13 @@ fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tierswap"))
 }
 
-/// 32,768 values of 1 KiB (16 random bytes repeated), then a SHA-256 over every third.
+/// 65,536 values of 1 KiB (16 random bytes repeated), then a SHA-256 over every third.
 const PROGRAM: &str = "
 import hashlib, random
 r = random.Random(1)
-d = {i: r.getrandbits(128).to_bytes(16, 'little') * 64 for i in range(32768)}
+d = {i: r.getrandbits(128).to_bytes(16, 'little') * 64 for i in range(65536)}
 h = hashlib.sha256()
-for i in range(0, 32768, 3):
+for i in range(0, 65536, 3):
     h.update(d[i])
 print(h.hexdigest())
 ";
@@ -50,7 +52,7 @@ fn a_smoke_size_command_lab_compares_outputs_and_restores_the_machine() {
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("lab.json");
     let out = Command::new(bin())
-        .args(["bench", "command", "--budget", "8M", "--runs", "1", "--engine", "tierswap,kernel-disk,unconstrained"])
+        .args(["bench", "command", "--budget", "16M", "--runs", "1", "--engine", "tierswap,kernel-disk,unconstrained"])
         .arg("--dir")
         .arg(&dir)
         .arg("--json")
@@ -84,13 +86,13 @@ fn a_smoke_size_command_lab_compares_outputs_and_restores_the_machine() {
                 assert!(c["zswpin"].as_u64().unwrap() + c["pswpin"].as_u64().unwrap() > 0, "{r}");
                 // Within the budget, with a quarter's slack for a machine busy with the other
                 // tests (the data is four budgets).
-                assert!(r["peak_bytes"].as_u64().unwrap() <= 10 << 20, "over the budget: {r}");
+                assert!(r["peak_bytes"].as_u64().unwrap() <= 20 << 20, "over the budget: {r}");
             }
             "kernel-disk" => {
                 assert!(c["faults"].as_u64().unwrap() > 0 && c["pswpin"].as_u64().unwrap() > 0, "{r}");
-                assert!(r["peak_bytes"].as_u64().unwrap() <= 8 << 20, "over the memcg's limit: {r}");
+                assert!(r["peak_bytes"].as_u64().unwrap() <= 16 << 20, "over the memcg's limit: {r}");
             }
-            _ => assert!(r["peak_bytes"].as_u64().unwrap() > 32 << 20, "the data is resident: {r}"),
+            _ => assert!(r["peak_bytes"].as_u64().unwrap() > 64 << 20, "the data is resident: {r}"),
         }
     }
     assert_eq!(swaps(), swaps_before, "the machine's swap areas are as they were");
