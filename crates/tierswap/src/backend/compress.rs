@@ -206,6 +206,20 @@ mod tests {
         (0..512u64).flat_map(|i| (1000 * 512 + i).to_le_bytes()).collect()
     }
 
+    /// The next value of xorshift64 state `x`.
+    fn xorshift(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
+    /// A page of pseudo-random bytes: nothing compresses it.
+    fn noise_page() -> Vec<u8> {
+        let mut x = 88172645463325252u64;
+        (0..512).flat_map(|_| xorshift(&mut x).to_le_bytes()).collect()
+    }
+
     #[test]
     fn round_trip_both_codecs() {
         for c in [
@@ -227,15 +241,7 @@ mod tests {
 
     #[test]
     fn random_pages_are_incompressible() {
-        let mut x = 88172645463325252u64;
-        let page: Vec<u8> = (0..512)
-            .flat_map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x.to_le_bytes()
-            })
-            .collect();
+        let page = noise_page();
         assert_eq!(compressed_len(Compressor::Lz4, &page), None);
         assert_eq!(compressed_len(Compressor::Zstd { level: 1 }, &page), None);
         assert_eq!(compressed_len(Compressor::Zstd { level: -1 }, &page), None);
@@ -245,12 +251,7 @@ mod tests {
     /// level to find, ~4.7 bits of entropy a byte.
     fn words_page(seed: u64) -> Vec<u8> {
         let mut x = seed | 1;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = move || xorshift(&mut x);
         let mut page = Vec::with_capacity(PAGE_SIZE);
         while page.len() < PAGE_SIZE {
             for _ in 0..2 + next() % 8 {
@@ -268,12 +269,7 @@ mod tests {
         const WORDS: [&[u8]; 8] =
             [b"alpha ", b"bravo ", b"charlie ", b"delta ", b"echo ", b"foxtrot ", b"golf ", b"hotel "];
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = move || xorshift(&mut x);
         let mut page = Vec::with_capacity(PAGE_SIZE + 8);
         while page.len() < PAGE_SIZE / 2 {
             page.extend_from_slice(WORDS[(next() % 8) as usize]);
@@ -334,16 +330,7 @@ mod tests {
             }
         }
         // Random bytes stay incompressible, and a limit below what the retry reaches refuses.
-        let mut x = 88172645463325252u64;
-        let noise: Vec<u8> = (0..512)
-            .flat_map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x.to_le_bytes()
-            })
-            .collect();
-        assert_eq!(compress_page(fast, true, &noise, &mut a, INCOMPRESSIBLE_LIMIT), None);
+        assert_eq!(compress_page(fast, true, &noise_page(), &mut a, INCOMPRESSIBLE_LIMIT), None);
         assert_eq!(compress_page(fast, true, &words, &mut a, 1024), None);
     }
 
