@@ -337,6 +337,13 @@ pub struct PagerConfig {
     /// one round only, they were staged and evicted between their touches, and each
     /// request paid for them again.
     pub active_protect_pct: u32,
+    /// Protection ([`PagerConfig::active_protect_pct`]) holds only while workingset
+    /// activations are at most this percentage of the refaults (looked at over each 256 or
+    /// more refaults): when nearly every refault comes back within the budget, "active"
+    /// singles nothing out (`sort`'s randomly read text and its line structures alike), and
+    /// the hand gives every page one more round instead. 0 (the default): protection
+    /// whatever the activations. Lab variant `protect-selective=PCT`.
+    pub protect_selective_pct: u32,
     /// The least the pool limit goes down to when it follows the workload
     /// ([`PagerConfig::pool_adapts`]), percent of the budget: where a crowded active list
     /// (pages proved hot over [`PagerConfig::active_protect_pct`] of the present ones) may
@@ -677,6 +684,7 @@ impl Default for PagerConfig {
             swapin_max_pages: DEFAULT_SWAPIN_MAX_PAGES,
             swapin_start_pages: DEFAULT_SWAPIN_START_PAGES,
             active_protect_pct: DEFAULT_ACTIVE_PROTECT_PCT,
+            protect_selective_pct: 0,
             pool_floor_pct: DEFAULT_POOL_FLOOR_PCT,
             swapin_learn_blocks: true,
             fault_around: true,
@@ -911,7 +919,7 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
 
 /// The engine settings a lab variant (`tierswap bench --engine tierswap:SETTING…`) or
 /// `tierswap run --set` may change, as they are spelled (for help and error messages).
-pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), pool-floor=PCT (the least the pool limit that follows the workload goes down to, percent of the budget), inactive=PCT (the inactive list's size, percent of the budget, 1..75), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
+pub const SETTINGS: &str = "policy=locality|order0|always, swapin-max=SIZE (4K..2M), swapin-start=SIZE (a stream's first large swap-in, 4K..2M), active-protect=PCT (active pages' share of the present pages reclaim passes over, 0: off), protect-selective=PCT (that protection only while activations are at most PCT % of refaults, 0: always), pool-floor=PCT (the least the pool limit that follows the workload goes down to, percent of the budget), inactive=PCT (the inactive list's size, percent of the budget, 1..75), readahead=SIZE (4K..2M, 4K: off), fault-around-max=SIZE (4K..2M), \
      [no-]fault-around, [no-]workingset, [no-]keep-clean, [no-]encrypt, [no-]pin, [no-]idle-bg, [no-]batch-release, [no-]batch-stage, [no-]reread-to-pool, [no-]pool-adapt, [no-]compact, [no-]page-stamp, [no-]pool-weigh, [no-]pool-room, [no-]wp-adapt, [no-]write-predict, [no-]learn-blocks, [no-]direct-reclaim, [no-]stage-ahead, [no-]stage-fill, [no-]thrash-shrink, [no-]inactive-adapt, [no-]staged-adapt, [no-]touch-follow, [no-]touch-follow-grow, [no-]literal-retry, [no-]keep-freed, [no-]follow, [no-]throttle-headroom, [no-]read-next-unit, [no-]read-yield, whole-evidence=N (smaller file reads in a row that turn whole-unit reads back on, 1..8), prefetch=N (stride prefetch window cap in pages, 0 or no-prefetch: off), spin=US, read-spin=US (a fault thread polls its file read's completion this long, 200 by default, 0: pread), batch-reads=N (up to N file reads in flight for the faults of several program threads, 0..8, 8 by default; 0: one at a time), threads=N, nice=N, fault=thread|signal, compressor=lz4|zstd|zstd-LEVEL|zstd-fast[-N], recompress=none|zstd|zstd-LEVEL|zstd-fast[-N], budget=SIZE, pool-max=SIZE, tiers=zero+pool+file";
 
 /// The largest stride prefetch window a setting may ask for, in pages.
@@ -937,6 +945,9 @@ pub enum Setting {
     /// `active-protect=PCT`: the share of present pages active pages may hold before
     /// reclaim demotes them (0: off).
     ActiveProtectPct(u32),
+    /// `protect-selective=PCT`: protection only while activations are at most this share
+    /// of the refaults (0: always).
+    ProtectSelectivePct(u32),
     /// `pool-floor=PCT`: the least the adaptive pool limit goes down to, percent of the budget.
     PoolFloorPct(u32),
     /// `whole-evidence=N`: smaller file reads in a row that turn whole-unit reads back on.
@@ -1053,6 +1064,7 @@ impl Setting {
             Setting::SwapinMaxPages(n) => config.swapin_max_pages = n,
             Setting::SwapinStartPages(n) => config.swapin_start_pages = n,
             Setting::ActiveProtectPct(p) => config.active_protect_pct = p,
+            Setting::ProtectSelectivePct(p) => config.protect_selective_pct = p,
             Setting::PoolFloorPct(p) => config.pool_floor_pct = p,
             Setting::ReadaheadMaxPages(n) => config.readahead_max_pages = n,
             Setting::PrefetchMaxPages(n) => config.stride_prefetch_max_pages = n,
@@ -1149,6 +1161,8 @@ impl Setting {
             "active-protect" => {
                 number("50", "a percentage from 0 (off) to 100", 0..=100).map(|p| Setting::ActiveProtectPct(p as u32))
             }
+            "protect-selective" => number("70", "a percentage from 0 (off) to 100", 0..=100)
+                .map(|p| Setting::ProtectSelectivePct(p as u32)),
             "inactive" => {
                 number("50", "a percentage of the budget from 1 to 75", 1..=75).map(|p| Setting::InactivePct(p as u32))
             }
@@ -1394,6 +1408,7 @@ mod setting_tests {
             ("swapin-max=2M", "swapin_max_pages", json!(512)),
             ("swapin-start=64K", "swapin_start_pages", json!(16)),
             ("active-protect=50", "active_protect_pct", json!(50)),
+            ("protect-selective=70", "protect_selective_pct", json!(70)),
             ("inactive=50", "inactive_pct", json!(50)),
             ("pool-floor=25", "pool_floor_pct", json!(25)),
             ("whole-evidence=1", "file_whole_evidence", json!(1)),
@@ -1462,7 +1477,7 @@ mod setting_tests {
             }
         }
         entries.push(SETTINGS[from..].trim());
-        assert_eq!(entries.len(), SWITCHES.len() + 21, "the switches and 21 valued settings: {entries:?}");
+        assert_eq!(entries.len(), SWITCHES.len() + 22, "the switches and 22 valued settings: {entries:?}");
         for entry in entries {
             let name = entry.split([' ', '=']).next().unwrap();
             if let Some(switch) = name.strip_prefix("[no-]") {

@@ -44,6 +44,9 @@ const STAGE_RESERVE_PAGES: i64 = (2 * BATCH_BLOCKS * BLOCK_PAGES) as i64;
 const STAGE_FILL_MAX_BATCHES: usize = 4;
 /// Present pages the hand meets between looks at the active pages' share.
 const ACTIVE_WINDOW_PAGES: u64 = 4096;
+/// Refaults since the last weighing before activations are weighed again against them
+/// (`protect_selective_pct`).
+const SELECTIVE_MIN_REFAULTS: u64 = 256;
 /// Blocks deactivated together, with one move per run of present pages (1 MiB).
 const SPAN_BLOCKS: usize = 16;
 /// Evicted blocks whose mirror copies are dropped together, with one process_madvise.
@@ -82,6 +85,10 @@ struct Reclaim {
     active_seen: (u64, u64),
     /// Active pages are within their share: the hand passes them over, bits kept.
     protect_active: bool,
+    /// workingset_activate and workingset_refault at the last look that weighed them
+    /// (`protect_selective_pct`), and whether activations were selective then.
+    activations_seen: (u64, u64),
+    activations_selective: bool,
     /// workingset_activate and pgsteal at the last target update.
     last_activate: u64,
     last_steal: u64,
@@ -220,6 +227,8 @@ impl Reclaim {
             inactive_target: i64::MAX,
             active_seen: (0, 0),
             protect_active: false,
+            activations_seen: (0, 0),
+            activations_selective: true,
             last_activate: 0,
             last_steal: 0,
             last_near: 0,

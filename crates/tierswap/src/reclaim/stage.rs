@@ -7,7 +7,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Reclaim, ACTIVE_WINDOW_PAGES, CHUNK_BLOCKS, SPAN_BLOCKS};
+use super::{Reclaim, ACTIVE_WINDOW_PAGES, CHUNK_BLOCKS, SELECTIVE_MIN_REFAULTS, SPAN_BLOCKS};
 use crate::mm::{RegionInner, Shared};
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
 use crate::pagetable::{Pte, PteState};
@@ -299,12 +299,13 @@ impl Reclaim {
         seen.1 += p.active() as u64;
         if seen.0 >= ACTIVE_WINDOW_PAGES {
             // Over the share: demote what the hand meets until the next look.
-            self.protect_active = pct > 0 && seen.1 * 100 <= seen.0 * pct;
+            let within = seen.1 * 100 <= seen.0 * pct;
+            *seen = (0, 0);
+            self.protect_active = pct > 0 && within && self.activations_selective();
             if pct > 0 {
                 // Hot pages that do not fit beside the pool ask it for room (policy/pool_share.rs).
-                self.s.tiers.pool_share.note_active_look(!self.protect_active);
+                self.s.tiers.pool_share.note_active_look(!within);
             }
-            *seen = (0, 0);
         }
         if !p.active() {
             return false;
@@ -315,6 +316,24 @@ impl Reclaim {
             }
         }
         true
+    }
+
+    /// Whether workingset activations single pages out: at most `protect_selective_pct` of
+    /// the refaults since the last weighing (kept until [`SELECTIVE_MIN_REFAULTS`] more
+    /// came); always with the setting at 0.
+    fn activations_selective(&mut self) -> bool {
+        let pct = self.s.config.protect_selective_pct as u64;
+        if pct == 0 {
+            return true;
+        }
+        let c = &self.s.counters;
+        let now = (c.workingset_activate.load(Ordering::Relaxed), c.workingset_refault.load(Ordering::Relaxed));
+        let (activated, refaults) = (now.0 - self.activations_seen.0, now.1 - self.activations_seen.1);
+        if refaults >= SELECTIVE_MIN_REFAULTS {
+            self.activations_selective = activated * 100 <= refaults * pct;
+            self.activations_seen = now;
+        }
+        self.activations_selective
     }
 
     /// The staging window for regions of this registration mode (see [`map_window`]).
