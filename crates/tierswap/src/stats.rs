@@ -106,6 +106,10 @@ counters! {
     workingset_refault,
     /// Refaulted pages activated at once.
     workingset_activate,
+    /// Looks at the active pages' share (one per 4,096 present pages reclaim's hand meets)
+    /// made while protection was suspended: activations were too many an eviction to
+    /// single pages out (`PagerConfig::protect_selective_pct`).
+    protect_suspended,
     /// Refaults within the inactive list's full size of their eviction (`inactive_pct` of
     /// the budget): a list that long would have caught them as staged faults.
     workingset_refault_near,

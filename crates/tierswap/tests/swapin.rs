@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{config, fill_page, filled_region, page_matches, page_matches_at, pager, start, stats_when, PAGE};
+use common::{
+    config, fill_page, filled_region, page_matches, page_matches_at, pager, start, stats_when, xorshift, PAGE,
+};
 use tierswap::{FaultMode, Hint, Pager, PagerConfig, SwapinPolicy};
 
 /// A region of `n` counter pages with `hint`, every page evicted.
@@ -493,6 +495,93 @@ fn a_long_refault_distance_is_not_working_set() {
         2 * n - 64
     );
     assert_eq!(c.workingset_refault_near - before.workingset_refault_near, 0, "nor within the inactive list's reach");
+}
+
+/// Page `pg`'s word: every page same-filled with its own word, so the swapped pages take no
+/// pool room and the footprint is the present pages alone.
+fn own_word(pg: usize) -> [u8; 8] {
+    ((pg as u64 + 1) * 0x9e37_79b9).to_le_bytes()
+}
+
+/// A region of `n` pages under an 8 MiB budget (2,048 pages) with `protect_selective_pct`
+/// at `pct`, its first `filled` pages filled with [`own_word`].
+fn own_words(pct: u32, n: usize, filled: usize) -> (Pager, tierswap::Region) {
+    let p = start(PagerConfig {
+        swapin_policy: SwapinPolicy::Order0,
+        protect_selective_pct: pct,
+        ..config(8 << 20, "zero,pool", FaultMode::Thread, 1)
+    });
+    let mut r = p.region(n * PAGE, Hint::Normal).unwrap();
+    for (pg, page) in r.as_mut_slice().chunks_exact_mut(PAGE).enumerate().take(filled) {
+        fill_own_word(page, pg);
+    }
+    (p, r)
+}
+
+fn fill_own_word(page: &mut [u8], pg: usize) {
+    for w in page.chunks_exact_mut(8) {
+        w.copy_from_slice(&own_word(pg));
+    }
+}
+
+fn own_word_matches(mem: &[u8], pg: usize) -> bool {
+    mem[pg * PAGE..(pg + 1) * PAGE].chunks_exact(8).all(|w| w == own_word(pg))
+}
+
+#[test]
+fn protection_is_suspended_while_nearly_every_eviction_comes_back_as_working_set() {
+    // Reads at random over 1.5 budgets: every evicted page comes back about half a budget
+    // of evictions later, working set, so activations run at about one an eviction and
+    // "active" singles nothing out. The running rate passes 70 % after ~10 windows of
+    // 4,096 evictions; 200,000 reads make ~65,000 faults.
+    let n = 3072;
+    let run = |pct: u32| {
+        let (p, r) = own_words(pct, n, n);
+        let mem = r.as_slice();
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..200_000 {
+            x = xorshift(x);
+            let pg = (x % n as u64) as usize;
+            assert!(own_word_matches(mem, pg), "page {pg} came back wrong");
+        }
+        let c = p.stats().counters;
+        assert!(
+            c.workingset_activate * 10 >= c.pgsteal * 8,
+            "activations {} of {} evictions",
+            c.workingset_activate,
+            c.pgsteal
+        );
+        c.protect_suspended
+    };
+    let suspended = run(70);
+    assert!(suspended > 0, "protection never suspended at 70 %");
+    assert_eq!(run(0), 0, "the setting at 0 never suspends it");
+}
+
+#[test]
+fn a_hot_set_beside_a_cold_stream_keeps_its_protection() {
+    // A server's shape: 256 hot pages read at random between writes of fresh cold pages,
+    // 8 budgets of them, each written once. Evictions are the stream's; the few refaults
+    // are hot pages, so activations stay far under 70 % of the evictions.
+    let (hot, cold) = (256, 16_384);
+    let (p, mut r) = own_words(70, hot + cold, hot);
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    for i in 0..cold {
+        let pg = hot + i;
+        fill_own_word(&mut r.as_mut_slice()[pg * PAGE..(pg + 1) * PAGE], pg);
+        if i % 4 == 0 {
+            x = xorshift(x);
+            let h = (x % hot as u64) as usize;
+            assert!(own_word_matches(r.as_slice(), h), "hot page {h} came back wrong");
+        }
+    }
+    let mem = r.as_slice();
+    for pg in 0..hot + cold {
+        assert!(own_word_matches(mem, pg), "page {pg} came back wrong");
+    }
+    let c = p.stats().counters;
+    assert!(c.pgsteal >= (cold / 2) as u64, "the stream was evicted: {} evictions", c.pgsteal);
+    assert_eq!(c.protect_suspended, 0, "{} activations of {} evictions", c.workingset_activate, c.pgsteal);
 }
 
 #[test]

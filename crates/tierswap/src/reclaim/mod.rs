@@ -44,9 +44,15 @@ const STAGE_RESERVE_PAGES: i64 = (2 * BATCH_BLOCKS * BLOCK_PAGES) as i64;
 const STAGE_FILL_MAX_BATCHES: usize = 4;
 /// Present pages the hand meets between looks at the active pages' share.
 const ACTIVE_WINDOW_PAGES: u64 = 4096;
-/// Refaults since the last weighing before activations are weighed again against them
+/// Evictions between two weighings of the activations against them
 /// (`protect_selective_pct`).
-const SELECTIVE_MIN_REFAULTS: u64 = 256;
+const SELECTIVE_WINDOW_EVICTIONS: u64 = 4096;
+/// The weight of the newest window in the running activation rate, as 1/N: the rate
+/// remembers ~8 windows (32,768 evictions), so a program's short bursts of activations (a
+/// server's load, a hash table's resize) do not turn protection off.
+const SELECTIVE_EWMA_DIV: u64 = 8;
+/// Protection comes back once the running rate is this many points under the setting.
+const SELECTIVE_HYSTERESIS_PCT: u64 = 10;
 /// Blocks deactivated together, with one move per run of present pages (1 MiB).
 const SPAN_BLOCKS: usize = 16;
 /// Evicted blocks whose mirror copies are dropped together, with one process_madvise.
@@ -85,9 +91,10 @@ struct Reclaim {
     active_seen: (u64, u64),
     /// Active pages are within their share: the hand passes them over, bits kept.
     protect_active: bool,
-    /// workingset_activate and workingset_refault at the last look that weighed them
-    /// (`protect_selective_pct`), and whether activations were selective then.
+    /// workingset_activate and pgsteal at the last weighing (`protect_selective_pct`), the
+    /// running rate of activations per 1,000 evictions, and whether protection holds.
     activations_seen: (u64, u64),
+    activation_rate_permille: u64,
     activations_selective: bool,
     /// workingset_activate and pgsteal at the last target update.
     last_activate: u64,
@@ -228,6 +235,7 @@ impl Reclaim {
             active_seen: (0, 0),
             protect_active: false,
             activations_seen: (0, 0),
+            activation_rate_permille: 0,
             activations_selective: true,
             last_activate: 0,
             last_steal: 0,

@@ -7,7 +7,10 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Reclaim, ACTIVE_WINDOW_PAGES, CHUNK_BLOCKS, SELECTIVE_MIN_REFAULTS, SPAN_BLOCKS};
+use super::{
+    Reclaim, ACTIVE_WINDOW_PAGES, CHUNK_BLOCKS, SELECTIVE_EWMA_DIV, SELECTIVE_HYSTERESIS_PCT,
+    SELECTIVE_WINDOW_EVICTIONS, SPAN_BLOCKS,
+};
 use crate::mm::{RegionInner, Shared};
 use crate::page::{BLOCK_PAGES, PAGE_SIZE};
 use crate::pagetable::{Pte, PteState};
@@ -301,7 +304,11 @@ impl Reclaim {
             // Over the share: demote what the hand meets until the next look.
             let within = seen.1 * 100 <= seen.0 * pct;
             *seen = (0, 0);
-            self.protect_active = pct > 0 && within && self.activations_selective();
+            let selective = self.activations_selective();
+            if pct > 0 && !selective {
+                self.s.counters.protect_suspended.fetch_add(1, Ordering::Relaxed);
+            }
+            self.protect_active = pct > 0 && within && selective;
             if pct > 0 {
                 // Hot pages that do not fit beside the pool ask it for room (policy/pool_share.rs).
                 self.s.tiers.pool_share.note_active_look(!within);
@@ -318,19 +325,23 @@ impl Reclaim {
         true
     }
 
-    /// Whether workingset activations single pages out: at most `protect_selective_pct` of
-    /// the refaults since the last weighing (kept until [`SELECTIVE_MIN_REFAULTS`] more
-    /// came); always with the setting at 0.
+    /// Whether workingset activations single pages out: protection holds until the running
+    /// rate of activations per eviction (each [`SELECTIVE_WINDOW_EVICTIONS`] weighed in at
+    /// 1/[`SELECTIVE_EWMA_DIV`]) goes over `protect_selective_pct`, and comes back once it is
+    /// [`SELECTIVE_HYSTERESIS_PCT`] points under; always with the setting at 0.
     fn activations_selective(&mut self) -> bool {
         let pct = self.s.config.protect_selective_pct as u64;
         if pct == 0 {
             return true;
         }
         let c = &self.s.counters;
-        let now = (c.workingset_activate.load(Ordering::Relaxed), c.workingset_refault.load(Ordering::Relaxed));
-        let (activated, refaults) = (now.0 - self.activations_seen.0, now.1 - self.activations_seen.1);
-        if refaults >= SELECTIVE_MIN_REFAULTS {
-            self.activations_selective = activated * 100 <= refaults * pct;
+        let now = (c.workingset_activate.load(Ordering::Relaxed), c.pgsteal.load(Ordering::Relaxed));
+        let (activated, evicted) = (now.0 - self.activations_seen.0, now.1 - self.activations_seen.1);
+        if evicted >= SELECTIVE_WINDOW_EVICTIONS {
+            let window = (activated * 1000 / evicted).min(2000);
+            self.activation_rate_permille = next_rate(self.activation_rate_permille, window);
+            self.activations_selective =
+                selective_after(self.activations_selective, self.activation_rate_permille, pct);
             self.activations_seen = now;
         }
         self.activations_selective
@@ -740,9 +751,53 @@ impl Reclaim {
     }
 }
 
+/// The running activation rate (per 1,000 evictions) with one more window weighed in.
+fn next_rate(rate: u64, window: u64) -> u64 {
+    (rate * (SELECTIVE_EWMA_DIV - 1) + window) / SELECTIVE_EWMA_DIV
+}
+
+/// Whether protection holds at running rate `rate` (per 1,000 evictions) under a setting of
+/// `pct`, given whether it held: off above `pct`, on again at `pct` less the hysteresis.
+fn selective_after(held: bool, rate: u64, pct: u64) -> bool {
+    if held {
+        rate <= pct * 10
+    } else {
+        rate + SELECTIVE_HYSTERESIS_PCT * 10 <= pct * 10
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::moved_by_run;
+    use super::{moved_by_run, next_rate, selective_after};
+
+    #[test]
+    fn protection_goes_off_on_a_sustained_rate_and_comes_back_under_the_hysteresis() {
+        // One window at 100 % activations from a rate of 0 moves the rate an eighth of the way.
+        assert_eq!(next_rate(0, 1000), 125);
+        // Bursts of one window in four at 100 %, the rest at 20 %, stay well under 70 %.
+        let mut rate = 0;
+        for w in 0..64 {
+            rate = next_rate(rate, if w % 4 == 0 { 1000 } else { 200 });
+            assert!(rate < 600, "window {w}: rate {rate}");
+        }
+        // Sustained 85 % turns protection off after several windows, not at the first.
+        let (mut held, mut off_at) = (true, None);
+        rate = 200;
+        for w in 0..32 {
+            rate = next_rate(rate, 850);
+            held = selective_after(held, rate, 70);
+            if !held && off_at.is_none() {
+                off_at = Some(w);
+            }
+        }
+        let off_at = off_at.expect("protection never went off");
+        assert!((3..16).contains(&off_at), "went off at window {off_at}");
+        // Back at 65 %, inside the hysteresis: it stays off; at 55 % it comes back.
+        assert!(!selective_after(false, 650, 70));
+        assert!(selective_after(false, 600, 70));
+        assert!(selective_after(true, 700, 70));
+        assert!(!selective_after(true, 701, 70));
+    }
 
     #[test]
     fn an_uncounted_move_is_taken_only_where_the_program_pages_are_gone() {

@@ -95,7 +95,8 @@ fn noise_start(seed: u64) -> u64 {
     seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
 }
 
-fn xorshift(mut x: u64) -> u64 {
+/// One step of xorshift64 (never returns 0 from a state that is not 0).
+pub fn xorshift(mut x: u64) -> u64 {
     x ^= x << 13;
     x ^= x >> 7;
     x ^= x << 17;
