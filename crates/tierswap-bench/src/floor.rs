@@ -3,12 +3,18 @@
 //! pages of a file (`--data`: a heap dump, a program's input) to see what a program's own
 //! data costs.
 
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
 use tierswap::backend::compress::{compress_page, decompress, COMPRESS_BUF_BYTES, INCOMPRESSIBLE_LIMIT};
 use tierswap::Compressor;
 
 use crate::workload::{self, Mem, WorkloadKind};
+
+/// Bytes of a page.
+const PAGE: usize = 4096;
 
 /// One line of the floor table.
 #[derive(Debug, serde::Serialize)]
@@ -42,15 +48,57 @@ pub fn counter_pages(size_bytes: usize) -> Vec<u8> {
     src
 }
 
-/// Up to `size_bytes` of the pages of `data`, taken evenly across it (every k-th page) so
+/// Up to `size_bytes` of the pages of `file`, taken evenly across it (every k-th page) so
 /// that a heap dump's or an input's parts are all represented; all-zero pages are left
 /// out (the zero tier takes those without compression). `None` when nothing is left.
-pub fn file_pages(data: &[u8], size_bytes: usize) -> Option<Vec<u8>> {
-    let pages: Vec<&[u8]> = data.chunks_exact(4096).filter(|p| p.iter().any(|&b| b != 0)).collect();
-    let want = (size_bytes / 4096).max(1);
-    let step = pages.len().div_ceil(want).max(1);
-    let src: Vec<u8> = pages.iter().step_by(step).take(want).flat_map(|p| p.iter().copied()).collect();
-    (!src.is_empty()).then_some(src)
+/// Reads the file once in order, keeping only the indexes of its non-zero pages (4 bytes
+/// a page), then reads the chosen pages: a dump the size of the machine's memory fits.
+pub fn file_pages(file: &File, size_bytes: usize) -> io::Result<Option<Vec<u8>>> {
+    const CHUNK: usize = 1 << 20;
+    let mut nonzero: Vec<u32> = Vec::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut offset = 0u64;
+    loop {
+        let n = read_full_at(file, &mut buf, offset)?;
+        for (i, page) in buf[..n].chunks_exact(PAGE).enumerate() {
+            if page.iter().any(|&b| b != 0) {
+                let idx = offset / PAGE as u64 + i as u64;
+                let idx = u32::try_from(idx)
+                    .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a file of over 16 TiB"))?;
+                nonzero.push(idx);
+            }
+        }
+        if n < CHUNK {
+            break;
+        }
+        offset += CHUNK as u64;
+    }
+    let want = (size_bytes / PAGE).max(1);
+    let step = nonzero.len().div_ceil(want).max(1);
+    let mut src = Vec::with_capacity(want.min(nonzero.len()) * PAGE);
+    let mut page = [0u8; PAGE];
+    for &idx in nonzero.iter().step_by(step).take(want) {
+        let got = read_full_at(file, &mut page, idx as u64 * PAGE as u64)?;
+        if got < PAGE {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file shrank while it was read"));
+        }
+        src.extend_from_slice(&page);
+    }
+    Ok((!src.is_empty()).then_some(src))
+}
+
+/// Reads into `buf` from `offset` until it is full or the file ends; the bytes read.
+fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], offset + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 /// Measures copy and each codec on `src` (whole pages).
@@ -151,16 +199,46 @@ mod tests {
         for p in [1usize, 3, 5, 7, 9] {
             data[p * 4096..(p + 1) * 4096].fill(p as u8);
         }
+        let (file, path) = temp_file("spread", &data);
         // Two pages wanted of five non-zero ones: every third, pages 1 and 7.
-        let got = file_pages(&data, 2 * 4096).unwrap();
+        let got = file_pages(&file, 2 * 4096).unwrap().unwrap();
         assert_eq!(got.len(), 2 * 4096);
         assert_eq!((got[0], got[4096]), (1, 7));
+        assert!(got[..4096].iter().all(|&b| b == 1) && got[4096..].iter().all(|&b| b == 7));
         // More wanted than there are: all five, in order.
-        let got = file_pages(&data, 1 << 20).unwrap();
+        let got = file_pages(&file, 1 << 20).unwrap().unwrap();
         let firsts: Vec<u8> = got.chunks(4096).map(|p| p[0]).collect();
         assert_eq!(firsts, [1, 3, 5, 7, 9]);
-        assert!(file_pages(&[0u8; 8192], 4096).is_none());
-        assert!(file_pages(&[1u8; 100], 4096).is_none(), "no whole page");
+        std::fs::remove_file(path).unwrap();
+        let (zeros, path) = temp_file("zeros", &[0u8; 8192]);
+        assert!(file_pages(&zeros, 4096).unwrap().is_none());
+        std::fs::remove_file(path).unwrap();
+        let (short, path) = temp_file("short", &[1u8; 100]);
+        assert!(file_pages(&short, 4096).unwrap().is_none(), "no whole page");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn file_pages_read_past_the_first_chunk() {
+        // 1 MiB and 3 pages: the last non-zero pages lie in the second chunk read.
+        let pages = 256 + 3;
+        let mut data = vec![0u8; pages * 4096];
+        for p in [0usize, 255, 256, 258] {
+            data[p * 4096..(p + 1) * 4096].fill((p % 251) as u8 + 1);
+        }
+        let (file, path) = temp_file("chunks", &data);
+        let got = file_pages(&file, 1 << 20).unwrap().unwrap();
+        let expect: Vec<u8> =
+            [0usize, 255, 256, 258].iter().flat_map(|&p| data[p * 4096..(p + 1) * 4096].to_vec()).collect();
+        assert_eq!(got, expect);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// A file of `data` in the temporary directory, open for reading, and its path.
+    fn temp_file(name: &str, data: &[u8]) -> (File, std::path::PathBuf) {
+        let path = std::env::temp_dir().join(format!("tierswap-floor-{}-{name}", std::process::id()));
+        std::fs::write(&path, data).unwrap();
+        (File::open(&path).unwrap(), path)
     }
 
     #[test]

@@ -468,9 +468,10 @@ fn bench(b: Bench) -> Result<ExitCode, UserError> {
                     (tierswap_bench::floor::counter_pages(bytes), "counter-filled pages (the lab's data)".to_string())
                 }
                 Some(path) => {
-                    let all = std::fs::read(path)
-                        .map_err(|e| UserError(format!("--data {}: cannot read it: {e}", path.display())))?;
-                    let src = tierswap_bench::floor::file_pages(&all, bytes).ok_or_else(|| {
+                    let cannot =
+                        |e: std::io::Error| UserError(format!("--data {}: cannot read it: {e}", path.display()));
+                    let file = std::fs::File::open(path).map_err(cannot)?;
+                    let src = tierswap_bench::floor::file_pages(&file, bytes).map_err(cannot)?.ok_or_else(|| {
                         UserError(format!(
                             "--data {}: no page of it has a non-zero byte (or it is under 4 KiB)",
                             path.display()
