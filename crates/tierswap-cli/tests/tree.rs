@@ -55,6 +55,9 @@ fn stats_of_each(dir: &TestDir, prefix: &str) -> Vec<serde_json::Value> {
 /// stdout, whether it succeeded, what was seen, and whether the ledger is gone after.
 fn run_watched(mut cmd: Command, dir: &TestDir) -> (String, bool, Seen, bool) {
     let out_path = dir.path("out.txt");
+    // The tree's control sockets in a directory of the test's own, to see them all go.
+    let control = dir.path("control");
+    cmd.env("TIERSWAP_CONTROL_DIR", &control);
     cmd.stdin(Stdio::null())
         .stdout(std::fs::File::create(&out_path).unwrap())
         .stderr(std::fs::File::create(dir.path("err.txt")).unwrap());
@@ -83,6 +86,14 @@ fn run_watched(mut cmd: Command, dir: &TestDir) -> (String, bool, Seen, bool) {
     let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
     let stderr = std::fs::read_to_string(dir.path("err.txt")).unwrap_or_default();
     eprintln!("{stdout}{stderr}{seen:?}");
+    if status.success() {
+        // Every process of the tree took its socket away at its end, with exit or with
+        // _exit (which runs no atexit handler: the shim's own _exit does it).
+        let left: Vec<_> = std::fs::read_dir(&control)
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "control sockets left behind: {left:?}");
+    }
     (stdout, status.success(), seen, !ledger.exists())
 }
 

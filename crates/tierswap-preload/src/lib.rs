@@ -793,6 +793,41 @@ extern "C" fn fork_child() {
     heap::unlock_all();
 }
 
+/// `_exit` and `_Exit`: how a forked worker usually ends (Python's `os._exit`, a prefork
+/// server's children, a `fork` without `exec` in C), running no atexit handler, so its
+/// pager's control socket is taken away here first; `tierswap stat` would otherwise list it
+/// until someone found nobody listening. Then the process ends as libc's would
+/// (exit_group). The tree's row goes as for a process killed by a signal: its members free
+/// it. Allocation-free and lock-free: a forked child of a threaded program may get here
+/// with another thread's locks copied held.
+#[no_mangle]
+pub extern "C" fn _exit(status: libc::c_int) -> ! {
+    end_now(status)
+}
+
+/// See [`_exit`].
+#[no_mangle]
+pub extern "C" fn _Exit(status: libc::c_int) -> ! {
+    end_now(status)
+}
+
+fn end_now(status: libc::c_int) -> ! {
+    let sock = match CONTROL_SOCKET.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    };
+    if let Some(sock) = sock.as_ref().and_then(|g| g.as_ref()) {
+        // Only the process that bound it removes it (a child holds its parent's name).
+        sock.remove();
+    }
+    drop(sock);
+    loop {
+        // SAFETY: exit_group ends every thread of the process; it does not return.
+        unsafe { libc::syscall(libc::SYS_exit_group, status) };
+    }
+}
+
 /// At exit: the stats file (`TIERSWAP_STATS_ON_EXIT`, `%p` becomes the pid) and the log line.
 extern "C" fn at_exit() {
     if OWNER_PID.load(Ordering::Relaxed) != std::process::id() as usize || STATE.load(Ordering::Acquire) != STATE_READY

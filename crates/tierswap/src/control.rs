@@ -13,8 +13,10 @@
 //! `stats` → `{"v":1,"pid":…,"cmdline":…,"started_unix":…,"stats":{…}}`; `ping` →
 //! `{"v":1,"ok":true}`; anything else → `{"v":1,"error":"…"}`.
 
+use std::ffi::CString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -217,7 +219,9 @@ impl ControlServer {
     /// and returns the name of its socket, for [`BoundSocket::remove`] at exit, where no
     /// destructor runs.
     pub fn run_until_exit(self) -> BoundSocket {
-        let bound = BoundSocket { path: self.path.clone(), ident: self.ident, pid: std::process::id() };
+        // A path from a directory name and a pid: no interior NUL.
+        let path = CString::new(self.path.as_os_str().as_bytes()).expect("a socket path without NUL");
+        let bound = BoundSocket { path, ident: self.ident, pid: std::process::id() };
         std::mem::forget(self);
         bound
     }
@@ -232,7 +236,8 @@ impl ControlServer {
 /// ([`ControlServer::run_until_exit`]).
 #[derive(Debug)]
 pub struct BoundSocket {
-    path: PathBuf,
+    /// Its path, ready for the system calls of [`BoundSocket::remove`].
+    path: CString,
     /// (dev, ino) of the socket bound.
     ident: (u64, u64),
     /// The process that bound it.
@@ -242,14 +247,22 @@ pub struct BoundSocket {
 impl BoundSocket {
     /// Removes the socket if it is still the one bound, and this is the process that bound
     /// it (a forked child holds a copy of this name and must leave its parent's socket be).
+    /// Allocates nothing and takes no lock: it runs in `_exit`, which a forked child of a
+    /// threaded program may call while another thread's lock was copied held.
     pub fn remove(&self) {
         if self.pid != std::process::id() {
             return;
         }
-        if let Ok(m) = self.path.symlink_metadata() {
-            if (m.dev(), m.ino()) == self.ident {
-                let _ = std::fs::remove_file(&self.path);
-            }
+        // SAFETY: `stat` is plain old data, all zeroes a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `path` is a NUL-terminated string that lives as long as `self`; `st` is a
+        // writable stat buffer.
+        if unsafe { libc::lstat(self.path.as_ptr(), &mut st) } != 0 {
+            return;
+        }
+        if (st.st_dev, st.st_ino) == self.ident {
+            // SAFETY: as for lstat; unlink only reads the path.
+            unsafe { libc::unlink(self.path.as_ptr()) };
         }
     }
 }
