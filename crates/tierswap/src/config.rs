@@ -339,13 +339,13 @@ pub struct PagerConfig {
     pub active_protect_pct: u32,
     /// Protection ([`PagerConfig::active_protect_pct`]) is suspended while workingset
     /// activations run at more than this percentage of the evictions (a running rate, each
-    /// 4,096 evictions weighed in at 1/8), and holds again once they are 10 points under:
-    /// when nearly every evicted page comes back as working set, "active" may single
-    /// nothing out, and the hand gives every page one more round instead. At 70, `sort -S
-    /// 1G` of 416 MB of words under 469 MiB ran 0.85× its time and no server of the programs
-    /// lab, no seed workload nor Node.js building a Map ever reached it; but a JVM whose
-    /// collector walks a heap 3.5× the budget (ParallelGC), suspended as often as sort,
-    /// faulted 10 % more. 0 (the default): protection whatever the activations. Lab variant
+    /// 4,096 evictions weighed in at 1/8), and holds again once they are 10 points under: when
+    /// nearly every evicted page comes back as working set, "active" may single nothing out,
+    /// and the hand gives every page one more round instead. At 70, `sort -S 1G` of 416 MB of
+    /// words under 469 MiB ran 0.85× its time and no server of the programs lab, no seed
+    /// workload nor Node.js building a Map ever reached it; but a JVM whose collector walks a
+    /// heap 3.5× the budget (ParallelGC), suspended as sort is, took 1.29× its time with 19 %
+    /// more faults. 0 (the default): protection whatever the activations. Lab variant
     /// `protect-selective=PCT`.
     pub protect_selective_pct: u32,
     /// The least the pool limit goes down to when it follows the workload
