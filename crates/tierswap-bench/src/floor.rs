@@ -78,10 +78,7 @@ pub fn file_pages(file: &File, size_bytes: usize) -> io::Result<Option<Vec<u8>>>
     let mut src = Vec::with_capacity(want.min(nonzero.len()) * PAGE);
     let mut page = [0u8; PAGE];
     for &idx in nonzero.iter().step_by(step).take(want) {
-        let got = read_full_at(file, &mut page, idx as u64 * PAGE as u64)?;
-        if got < PAGE {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file shrank while it was read"));
-        }
+        file.read_exact_at(&mut page, idx as u64 * PAGE as u64)?;
         src.extend_from_slice(&page);
     }
     Ok((!src.is_empty()).then_some(src))
